@@ -1,0 +1,81 @@
+"""The dispatch seam: which implementation of a scan runs, decided at call time.
+
+MINGRU_SCAN=eager  always the pure-torch reference.
+MINGRU_SCAN=auto   (default) Triton on CUDA tensors inside the kernel envelope; otherwise
+                   eager, with one warning per process when a CUDA call had to fall back.
+MINGRU_SCAN=triton the Triton kernel or a RuntimeError naming the reason, never a silent
+                   downgrade. CPU tensors reach the kernels only with TRITON_INTERPRET=1.
+
+Triton is imported only when a kernel is first needed, so `import mingru` stays light.
+"""
+import importlib
+import os
+import warnings
+
+MODES = ("auto", "eager", "triton")
+
+# op name -> "module:function" of its Triton implementation.
+TRITON_IMPLS = {
+    "linear_scan": "mingru.kernels.diagonal:linear_scan",
+    "linear_recurrence": "mingru.kernels.diagonal:linear_recurrence",
+    "parallel_scan_log": "mingru.kernels.diagonal:parallel_scan_log",
+    "matrix_scan": "mingru.kernels.matrix:matrix_scan",
+    "matrix_affine_scan": "mingru.kernels.matrix:matrix_affine_scan",
+    "matrix_recurrence": "mingru.kernels.matrix:matrix_recurrence",
+    "rotation_recurrence": "mingru.kernels.rotation:rotation_recurrence",
+}
+
+
+class ScanFallback(Exception):
+    """Raised by a Triton implementation to decline a call (input outside its envelope)."""
+
+
+_warned = False
+
+
+def scan_mode():
+    mode = os.environ.get("MINGRU_SCAN", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"MINGRU_SCAN={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def interpreting():
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_impl(name):
+    """Import and return the Triton implementation of `name`, or raise ScanFallback."""
+    module, func = TRITON_IMPLS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except ImportError as err:  # triton missing, or torch too old for triton_op
+        raise ScanFallback(f"Triton backend unavailable ({err})") from err
+
+
+def _warn_once(name, reason):
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"mingru: {name} runs the eager scan ({reason}); this warning is shown "
+                      "once per process", RuntimeWarning, stacklevel=4)
+
+
+def dispatch(name, eager, *args):
+    """Run op `name` on `args` with the implementation MINGRU_SCAN selects."""
+    mode = scan_mode()
+    if mode == "eager":
+        return eager(*args)
+    on_cuda = args[0].device.type == "cuda"
+    if mode == "auto" and not on_cuda:
+        return eager(*args)
+    try:
+        if not on_cuda and not interpreting():
+            raise ScanFallback(f"tensors are on {args[0].device.type}; the kernels need CUDA "
+                               "(or TRITON_INTERPRET=1 to run them on the CPU)")
+        return triton_impl(name)(*args)
+    except ScanFallback as reason:
+        if mode == "triton":
+            raise RuntimeError(f"MINGRU_SCAN=triton: {name} cannot run its kernel: {reason}") from reason
+        _warn_once(name, reason)
+        return eager(*args)

@@ -1,0 +1,66 @@
+"""Input checks shared by the public ops: clear errors instead of wrong answers."""
+import torch
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_tensors(op, **tensors):
+    """Every named tensor: a torch.Tensor of a floating dtype; all on one device, one dtype."""
+    first = None
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in FLOATS:
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected float16, bfloat16, "
+                            "float32 or float64")
+        if first is None:
+            first = (name, x)
+            continue
+        fname, fx = first
+        if x.device != fx.device:
+            raise ValueError(f"{op}: {name} is on {x.device} but {fname} is on {fx.device}; "
+                             "put them on one device")
+        if x.dtype != fx.dtype:
+            raise TypeError(f"{op}: {name} has dtype {x.dtype} but {fname} has {fx.dtype}; "
+                            "pass one dtype")
+
+
+def check_shape(op, name, x, expected):
+    """`expected` is a tuple of ints (exact) and strings (names, bound on first use)."""
+    return _match(op, name, x, expected, {})
+
+
+def check_shapes(op, specs):
+    """specs: [(name, tensor, expected)]; named sizes must agree across all tensors."""
+    sizes = {}
+    for name, x, expected in specs:
+        if x is not None:
+            _match(op, name, x, expected, sizes)
+    if sizes.get("T", 1) < 1:
+        raise ValueError(f"{op}: the sequence is empty (T == 0); expected T >= 1")
+    return sizes
+
+
+def _match(op, name, x, expected, sizes):
+    want = "(" + ", ".join(str(e) for e in expected) + ")"
+    if x.dim() != len(expected):
+        raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(x.shape)} "
+                         f"({x.dim()} dims, expected {len(expected)})")
+    for dim, (got, exp) in enumerate(zip(x.shape, expected)):
+        if isinstance(exp, int):
+            if got != exp:
+                raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(x.shape)} "
+                                 f"(dim {dim} is {got}, expected {exp})")
+        elif exp.endswith("+1"):
+            base = exp[:-2]
+            if base in sizes and got != sizes[base] + 1:
+                raise ValueError(f"{op}: {name} must have shape {want} with {base}+1 = "
+                                 f"{sizes[base] + 1} in dim {dim}, got {tuple(x.shape)}")
+        elif exp in sizes and sizes[exp] != got:
+            raise ValueError(f"{op}: {name} has {exp} = {got} in dim {dim} but an earlier "
+                             f"argument has {exp} = {sizes[exp]}; expected shape {want}")
+        else:
+            sizes[exp] = got
+    return sizes
