@@ -67,8 +67,8 @@ def dispatch(name, eager, *args):
     if mode == "eager":
         return eager(*args)
     on_cuda = args[0].device.type == "cuda"
-    if mode == "auto" and not on_cuda:
-        return eager(*args)
+    if (mode == "auto" and not on_cuda) or args[0].numel() == 0:
+        return eager(*args)  # empty batches need no kernel launch
     try:
         if not on_cuda and not interpreting():
             raise ScanFallback(f"tensors are on {args[0].device.type}; the kernels need CUDA "

@@ -1,0 +1,69 @@
+"""The public scan ops: check the inputs, then let the dispatch seam pick eager or Triton.
+
+NaN and inf in the inputs propagate to the outputs as the recurrence dictates; nothing is clamped.
+"""
+from mingru import scans
+from mingru.dispatch import dispatch
+from mingru.validate import check_shapes, check_tensors
+
+
+def _checked(op, specs):
+    check_tensors(op, **{name: x for name, x, _ in specs})
+    return check_shapes(op, specs)
+
+
+def linear_scan(a, b):
+    """Signed scalar scan. a, b (B,T,D) -> (A, Bc), each (B,T,D), with h_t = A_t h0 + Bc_t."""
+    _checked("linear_scan", [("a", a, ("B", "T", "D")), ("b", b, ("B", "T", "D"))])
+    return dispatch("linear_scan", scans.linear_scan, a, b)
+
+
+def linear_recurrence(a, b, h0=None):
+    """States only: h_t = a_t h_{t-1} + b_t from h0 (B,D) (zeros if None) -> h (B,T,D)."""
+    _checked("linear_recurrence", [("a", a, ("B", "T", "D")), ("b", b, ("B", "T", "D")),
+                                   ("h0", h0, ("B", "D"))])
+    return dispatch("linear_recurrence", scans.linear_recurrence, a, b, h0)
+
+
+def parallel_scan_log(log_coeffs, log_values):
+    """Log-space scan. log_coeffs (B,T,D), log_values (B,T+1,D) with slot 0 = log h0 -> h (B,T,D).
+
+    h_t = exp(log_coeffs_t) h_{t-1} + exp(log_values_t); h is returned in linear space.
+    """
+    _checked("parallel_scan_log", [("log_coeffs", log_coeffs, ("B", "T", "D")),
+                                   ("log_values", log_values, ("B", "T+1", "D"))])
+    return dispatch("parallel_scan_log", scans.parallel_scan_log, log_coeffs, log_values)
+
+
+def matrix_scan(M, b):
+    """2x2 scan. M (B,T,n,2,2), b (B,T,n,2) -> (A (B,T,n,2,2), Bc (B,T,n,2))."""
+    _checked("matrix_scan", [("M", M, ("B", "T", "n", 2, 2)), ("b", b, ("B", "T", "n", 2))])
+    return dispatch("matrix_scan", scans.matrix_scan, M, b)
+
+
+def matrix_affine_scan(A, Bm):
+    """k x k scan. A (B,T,n,k,k), Bm (B,T,n,k,v) -> (Abar (B,T,n,k,k), Bbar (B,T,n,k,v))."""
+    _checked("matrix_affine_scan", [("A", A, ("B", "T", "n", "k", "k")),
+                                    ("Bm", Bm, ("B", "T", "n", "k", "v"))])
+    return dispatch("matrix_affine_scan", scans.matrix_affine_scan, A, Bm)
+
+
+def matrix_recurrence(A, X, h0=None):
+    """States only: h_t = A_t h_{t-1} + X_t. A (B,T,n,k,k), X (B,T,n,k,v), h0 (B,n,k,v) -> h like X."""
+    _checked("matrix_recurrence", [("A", A, ("B", "T", "n", "k", "k")),
+                                   ("X", X, ("B", "T", "n", "k", "v")), ("h0", h0, ("B", "n", "k", "v"))])
+    return dispatch("matrix_recurrence", scans.matrix_recurrence, A, X, h0)
+
+
+def rotation_recurrence(angles, decay, u, h0=None):
+    """Angle-fused: h_t = decay_t G_t h_{t-1} + u_t, G_t built from Givens angles (see givens_matrices).
+
+    angles (B,T,n,L,k/2), decay (B,T,n), u (B,T,n,k), h0 (B,n,k) or None -> h (B,T,n,k).
+    """
+    sizes = _checked("rotation_recurrence", [("angles", angles, ("B", "T", "n", "L", "half")),
+                                             ("decay", decay, ("B", "T", "n")),
+                                             ("u", u, ("B", "T", "n", "k")), ("h0", h0, ("B", "n", "k"))])
+    if sizes["k"] != 2 * sizes["half"]:
+        raise ValueError(f"rotation_recurrence: angles must have k/2 = {sizes['k'] // 2} angles per "
+                         f"layer for u with k = {sizes['k']}, got {sizes['half']} (shape {tuple(angles.shape)})")
+    return dispatch("rotation_recurrence", scans.rotation_recurrence, angles, decay, u, h0)
