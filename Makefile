@@ -1,0 +1,49 @@
+# Every command a reader is told to run. `make help` lists them.
+# PYTHON=python3 runs the targets without the venv (the GPU machine cannot install anything).
+PYTHON ?= .venv/bin/python
+VENV := .venv
+# A machine without a GPU gets the CPU build of torch and a triton/numpy pair whose interpreter works.
+CPU_PINS := torch==2.13.0 triton==3.9.0 "numpy>=2.4,<2.5"
+NB ?=
+PYTEST := $(PYTHON) -m pytest
+NBVAL := --nbval-lax --sanitize-with notebooks/sanitize.cfg
+
+.PHONY: help setup test unit nbval bench reproduce lab wheelhouse clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+
+setup:  ## create .venv with the package, test and notebook dependencies (CPU torch without a GPU)
+	python3 -m venv $(VENV)
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+		$(VENV)/bin/pip install -q -e ".[dev]"; \
+	else \
+		$(VENV)/bin/pip install -q $(CPU_PINS) && $(VENV)/bin/pip install -q -e ".[dev]"; \
+	fi
+	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+
+test:  ## unit + interpreter-kernel tests, the bench smoke run, and nbval over the notebooks
+	$(PYTEST) tests notebooks $(NBVAL)
+
+unit:  ## only tests/ (no notebooks)
+	$(PYTEST) tests
+
+nbval:  ## only the notebooks, re-executed on this machine and compared (lax)
+	$(PYTEST) notebooks $(NBVAL)
+
+bench:  ## on a GPU: regenerate every results/*.json, *.md and figure
+	$(PYTHON) -m mingru.bench all
+
+reproduce:  ## on a GPU: bench + re-execute every notebook in place (NB=04 for one chapter); CPU: smoke run
+	$(PYTHON) -m mingru.reproduce $(NB)
+
+lab:  ## open JupyterLab on notebooks/ with the project's kernel
+	$(PYTHON) -m jupyter lab notebooks
+
+wheelhouse:  ## fill .whl/ with the wheels the GPU machine needs (papermill, nbval, peers)
+	bash tools/wheelhouse.sh .whl
+
+clean:  ## remove caches and scratch output (keeps .venv and results/)
+	rm -rf scratch_out .pytest_cache build *.egg-info
+	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +

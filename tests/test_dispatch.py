@@ -1,0 +1,91 @@
+"""The dispatch seam: modes read at call time, one warning per process, no silent downgrade."""
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import mingru
+from mingru import dispatch
+
+
+def _inputs():
+    return torch.rand(2, 5, 3), torch.randn(2, 5, 3)
+
+
+def test_unknown_mode_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "fast")
+    with pytest.raises(ValueError, match="MINGRU_SCAN='fast'.*auto, eager, triton"):
+        mingru.linear_scan(*_inputs())
+
+
+def test_mode_is_read_at_call_time(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "eager")
+    assert mingru.scan_mode() == "eager"
+    monkeypatch.setenv("MINGRU_SCAN", " Triton ")
+    assert mingru.scan_mode() == "triton"
+    monkeypatch.delenv("MINGRU_SCAN")
+    assert mingru.scan_mode() == "auto"
+
+
+def test_auto_on_cpu_is_eager_without_warning(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "auto")
+    monkeypatch.setattr(dispatch, "triton_impl", lambda name: pytest.fail("auto on CPU must not load kernels"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mingru.linear_scan(*_inputs())
+
+
+def _declining(name):
+    def impl(*args):
+        raise dispatch.ScanFallback("k = 3 is outside the envelope")
+    return impl
+
+
+def test_triton_mode_raises_instead_of_downgrading(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "triton_impl", _declining)
+    with pytest.raises(RuntimeError, match="MINGRU_SCAN=triton: linear_scan.*k = 3 is outside"):
+        mingru.linear_scan(*_inputs())
+
+
+def test_triton_mode_on_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="need CUDA.*TRITON_INTERPRET=1"):
+        mingru.linear_scan(*_inputs())
+
+
+def test_fallback_warns_once_per_process_and_runs_eager(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "auto")
+    monkeypatch.setattr(dispatch, "_warned", False)
+    monkeypatch.setattr(dispatch, "triton_impl", _declining)
+    cuda_like = type("FakeCuda", (), {"type": "cuda"})()
+    a, b = _inputs()
+    a_fake = type("T", (), {"device": cuda_like, "numel": lambda self: 1})()
+    with pytest.warns(RuntimeWarning, match="runs the eager scan.*once per process"):
+        out1 = dispatch.dispatch("linear_scan", lambda x, y: mingru.scans.linear_scan(a, b), a_fake, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out2 = dispatch.dispatch("matrix_scan", lambda x, y: mingru.scans.linear_scan(a, b), a_fake, b)
+    torch.testing.assert_close(out1, out2)
+
+
+def test_missing_backend_is_a_fallback(monkeypatch):
+    monkeypatch.setitem(dispatch.TRITON_IMPLS, "linear_scan", "mingru.no_such_module:f")
+    with pytest.raises(dispatch.ScanFallback, match="unavailable"):
+        dispatch.triton_impl("linear_scan")
+
+
+def test_import_mingru_does_not_import_triton():
+    code = "import sys, mingru; mingru.MinGRU(4, 8); print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_every_op_has_a_registered_kernel_entry():
+    for name in ["linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan",
+                 "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]:
+        assert name in dispatch.TRITON_IMPLS and hasattr(mingru, name)

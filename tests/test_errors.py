@@ -1,0 +1,76 @@
+"""Bad input gets a clear error naming the op, the argument and what was expected."""
+import pytest
+import torch
+
+import mingru
+
+f32 = dict(dtype=torch.float32)
+
+
+def r(*shape, **kw):
+    return torch.randn(*shape, **{**f32, **kw})
+
+
+CASES = [
+    # (id, op, args, exception, words the message must contain)
+    ("linear-rank", mingru.linear_scan, lambda: (r(2, 5), r(2, 5)), ValueError, ["linear_scan", "a", "(B, T, D)"]),
+    ("linear-mismatch-T", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 6, 3)), ValueError, ["b", "T = 6", "T = 5"]),
+    ("linear-mismatch-B", mingru.linear_scan, lambda: (r(2, 5, 3), r(3, 5, 3)), ValueError, ["b", "B = 3"]),
+    ("linear-T0", mingru.linear_scan, lambda: (r(2, 0, 3), r(2, 0, 3)), ValueError, ["T == 0"]),
+    ("linear-int", mingru.linear_scan, lambda: (torch.ones(2, 5, 3, dtype=torch.int64), r(2, 5, 3)), TypeError, ["a", "int64"]),
+    ("linear-complex", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 5, 3).to(torch.complex64)), TypeError, ["b", "complex64"]),
+    ("linear-dtypes", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 5, 3).double()), TypeError, ["b", "float64", "float32"]),
+    ("linear-not-tensor", mingru.linear_scan, lambda: ([[1.0]], r(2, 5, 3)), TypeError, ["a", "torch.Tensor"]),
+    ("recurrence-h0", mingru.linear_recurrence, lambda: (r(2, 5, 3), r(2, 5, 3), r(2, 4)), ValueError, ["h0", "D = 4"]),
+    ("log-no-slot", mingru.parallel_scan_log, lambda: (r(2, 5, 3), r(2, 5, 3)), ValueError, ["log_values", "T+1 = 6"]),
+    ("log-rank", mingru.parallel_scan_log, lambda: (r(2, 5, 3), r(6, 3)), ValueError, ["log_values", "(B, T+1, D)"]),
+    ("log-T0", mingru.parallel_scan_log, lambda: (r(2, 0, 3), r(2, 1, 3)), ValueError, ["T == 0"]),
+    ("matrix-not-2x2", mingru.matrix_scan, lambda: (r(2, 5, 3, 3, 3), r(2, 5, 3, 3)), ValueError, ["M", "(B, T, n, 2, 2)"]),
+    ("matrix-n", mingru.matrix_scan, lambda: (r(2, 5, 3, 2, 2), r(2, 5, 4, 2)), ValueError, ["b", "n = 4"]),
+    ("affine-not-square", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 2), r(2, 5, 3, 4, 1)), ValueError, ["A", "k = 2", "k = 4"]),
+    ("affine-k", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 4), r(2, 5, 3, 2, 1)), ValueError, ["Bm", "k = 2"]),
+    ("affine-rank", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 4), r(2, 5, 3, 4)), ValueError, ["Bm", "(B, T, n, k, v)"]),
+    ("rotation-half", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 3), r(2, 5, 3), r(2, 5, 3, 4)), ValueError, ["angles", "k/2"]),
+    ("rotation-decay", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 2), r(2, 5), r(2, 5, 3, 4)), ValueError, ["decay", "(B, T, n)"]),
+]
+
+
+@pytest.mark.parametrize("op,make,exc,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("mode", ["eager", "auto"])
+def test_bad_input_is_named(monkeypatch, mode, op, make, exc, words):
+    monkeypatch.setenv("MINGRU_SCAN", mode)
+    with pytest.raises(exc) as info:
+        op(*make())
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_devices_must_agree():
+    with pytest.raises(ValueError, match="one device"):
+        mingru.linear_scan(r(2, 5, 3), r(2, 5, 3, device="cuda"))
+
+
+def test_devices_must_agree_meta():
+    with pytest.raises(ValueError, match="b is on meta"):
+        mingru.linear_scan(r(2, 5, 3), r(2, 5, 3, device="meta"))
+
+
+@pytest.mark.parametrize("mixer", [mingru.MinGRU, mingru.SignedMinGRU, mingru.RotationMinGRU, mingru.GivensMinGRU])
+def test_mixer_shape_errors(mixer):
+    m = mixer(6, 16)
+    with pytest.raises(ValueError, match="input_size = 6"):
+        m(r(2, 5, 7))
+    with pytest.raises(ValueError, match=r"\(B, hidden_size\)"):
+        m(r(2, 5, 6), r(2, 15))
+    with pytest.raises(ValueError, match=r"\(B, input_size\)"):
+        m.step(r(2, 5, 6))
+
+
+def test_mixer_bad_block_sizes():
+    with pytest.raises(ValueError, match="k must be even"):
+        mingru.GivensMinGRU(4, 12, k=8)
+    with pytest.raises(ValueError, match="hidden_size must be even"):
+        mingru.RotationMinGRU(4, 7)
+    with pytest.raises(ValueError, match="h_0 must be >= 0"):
+        mingru.MinGRU(4, 8)(r(1, 3, 4), -torch.ones(1, 8))

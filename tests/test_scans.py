@@ -1,0 +1,176 @@
+"""Eager Hillis–Steele scans against the float64 sequential loops: outputs, gradients, dtypes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mingru
+from mingru import naive, scans
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+TS = [1, 2, 7, 64, 100, 257]
+
+
+def _grads(fn, inputs, cotangents):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
+    # an input the outputs do not depend on (a at T=1 with h0 = 0) has no grad: that is a zero
+    return outs, [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
+
+
+def _check(op, ref, inputs, atol, rtol=1e-5):
+    outs, grads = _grads(op, inputs, _cotangents(op, inputs))
+    ref_outs, ref_grads = _grads(ref, [x.double() for x in inputs], _cotangents(op, inputs))
+    for got, want in zip(outs + tuple(grads), ref_outs + tuple(ref_grads)):
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol)
+
+
+def _cotangents(op, inputs):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        outs = op(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+
+
+def _linear_inputs(B, T, D, dtype=torch.float32, signed=True):
+    g = torch.Generator().manual_seed(T * 1000 + D)
+    a = torch.rand(B, T, D, generator=g) * 0.9 + 0.05
+    if signed:
+        a = a * torch.where(torch.rand(B, T, D, generator=g) < 0.5, -1.0, 1.0)
+    return a.to(dtype), torch.randn(B, T, D, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("T", TS, ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("B,D", [(1, 1), (2, 5), (3, 16)], ids=lambda x: str(x))
+def test_linear_scan(B, T, D):
+    _check(mingru.linear_scan, naive.linear_scan_naive, _linear_inputs(B, T, D), atol=1e-5)
+
+
+@pytest.mark.parametrize("T", TS, ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
+def test_linear_recurrence(T, with_h0):
+    a, b = _linear_inputs(2, T, 5)
+    h0 = torch.randn(2, 5) if with_h0 else None
+    inputs = [a, b] + ([h0] if with_h0 else [])
+    _check(mingru.linear_recurrence, naive.linear_recurrence_naive, inputs, atol=1e-5)
+
+
+def _log_inputs(B, T, D, dtype=torch.float32):
+    g = torch.Generator().manual_seed(T * 7 + D)
+    lc = -F.softplus(torch.randn(B, T, D, generator=g))
+    return lc.to(dtype), torch.randn(B, T + 1, D, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("T", TS, ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("B,D", [(1, 1), (2, 5)], ids=lambda x: str(x))
+def test_parallel_scan_log(B, T, D):
+    _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, _log_inputs(B, T, D), atol=1e-4, rtol=1e-4)
+
+
+def test_parallel_scan_log_zero_h0_has_finite_grads():
+    lc, lv = _log_inputs(2, 9, 3)
+    lv[:, 0] = float("-inf")
+    _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, [lc, lv], atol=1e-4, rtol=1e-4)
+
+
+def _matrix_inputs(B, T, n, k, v, dtype=torch.float32):
+    g = torch.Generator().manual_seed(T * 31 + k * 5 + v)
+    A = torch.randn(B, T, n, k, k, generator=g) / (k ** 0.5)  # spectral radius ~1: no blow-up
+    return A.to(dtype), torch.randn(B, T, n, k, v, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("T", TS, ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("k,v", [(1, 1), (2, 1), (4, 2), (8, 1), (16, 16)], ids=lambda x: str(x))
+def test_matrix_affine_scan(T, k, v):
+    if T == 257 and k == 16:
+        pytest.skip("covered by smaller T; keeps the suite fast")
+    A, Bm = _matrix_inputs(2, T, 3, k, v)
+    A = A * 0.9
+    _check(mingru.matrix_affine_scan, naive.matrix_affine_scan_naive, [A, Bm], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [1, 7, 100], ids=lambda t: f"T{t}")
+def test_matrix_scan(T):
+    A, Bm = _matrix_inputs(2, T, 4, 2, 1)
+    _check(mingru.matrix_scan, naive.matrix_scan_naive, [A * 0.9, Bm.squeeze(-1)], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [1, 7, 64], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
+def test_matrix_recurrence(T, with_h0):
+    A, X = _matrix_inputs(2, T, 3, 4, 2)
+    inputs = [A * 0.9, X] + ([torch.randn(2, 3, 4, 2)] if with_h0 else [])
+    _check(mingru.matrix_recurrence, naive.matrix_recurrence_naive, inputs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k,L", [(2, 1), (4, 2), (8, 6)], ids=lambda x: str(x))
+@pytest.mark.parametrize("T", [1, 7, 64], ids=lambda t: f"T{t}")
+def test_rotation_recurrence(T, k, L):
+    g = torch.Generator().manual_seed(T + k)
+    angles = torch.randn(2, T, 3, L, k // 2, generator=g)
+    decay, u, h0 = torch.rand(2, T, 3, generator=g), torch.randn(2, T, 3, k, generator=g), torch.randn(2, 3, k, generator=g)
+    _check(mingru.rotation_recurrence, naive.rotation_recurrence_naive, [angles, decay, u, h0], atol=1e-4, rtol=1e-4)
+
+
+def test_givens_matrices_are_decayed_rotations():
+    angles, decay = torch.randn(5, 3, 6, 4, dtype=torch.float64), torch.rand(5, 3, dtype=torch.float64)
+    M = scans.givens_matrices(angles, decay)
+    torch.testing.assert_close(M, naive.givens_matrices_naive(angles, decay))
+    eye = torch.eye(8, dtype=torch.float64).expand_as(M)
+    torch.testing.assert_close(M @ M.mT, decay[..., None, None] ** 2 * eye)
+
+
+@pytest.mark.parametrize("op,make", [
+    (mingru.linear_scan, lambda: [x.double() for x in _linear_inputs(1, 5, 2)]),
+    (mingru.parallel_scan_log, lambda: [x.double() for x in _log_inputs(1, 5, 2)]),
+    (mingru.matrix_affine_scan, lambda: [x.double() for x in _matrix_inputs(1, 5, 2, 2, 3)]),
+    (mingru.rotation_recurrence, lambda: [torch.randn(1, 5, 2, 2, 2, dtype=torch.float64),
+                                          torch.rand(1, 5, 2, dtype=torch.float64),
+                                          torch.randn(1, 5, 2, 4, dtype=torch.float64)]),
+], ids=["linear_scan", "parallel_scan_log", "matrix_affine_scan", "rotation_recurrence"])
+def test_gradcheck_float64(op, make):
+    inputs = [x.requires_grad_() for x in make()]
+    assert torch.autograd.gradcheck(op, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_inputs_accumulate_in_float32(dtype):
+    a, b = _linear_inputs(2, 100, 8, dtype)
+    A, Bc = mingru.linear_scan(a, b)
+    assert A.dtype == Bc.dtype == dtype
+    ref_A, ref_B = naive.linear_scan_naive(a, b)
+    # one rounding at the store: relative error of the half format, not T of them
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    torch.testing.assert_close(Bc.double(), ref_B, atol=tol * 4, rtol=tol)
+    h = mingru.parallel_scan_log(*_log_inputs(2, 50, 4, dtype))
+    assert h.dtype == dtype
+
+
+@pytest.mark.parametrize("combine,make", [
+    (scans.scalar_combine, lambda g: (torch.randn(4, generator=g), torch.randn(4, generator=g))),
+    (scans.matrix_combine, lambda g: (torch.randn(3, 3, generator=g), torch.randn(3, 2, generator=g))),
+    (scans.log_combine, lambda g: (torch.randn(4, generator=g), torch.randn(4, generator=g))),
+], ids=["scalar", "matrix", "log"])
+def test_monoid_is_associative(combine, make):
+    g = torch.Generator().manual_seed(0)
+    x, y, z = (tuple(t.double() for t in make(g)) for _ in range(3))
+    left, right = combine(combine(x, y), z), combine(x, combine(y, z))
+    for l, r in zip(left, right):
+        torch.testing.assert_close(l, r)
+
+
+def test_matrix_monoid_is_not_commutative():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 3, generator=g), torch.randn(3, 1, generator=g))
+    y = (torch.randn(3, 3, generator=g), torch.randn(3, 1, generator=g))
+    assert not torch.allclose(scans.matrix_combine(x, y)[0], scans.matrix_combine(y, x)[0])
+
+
+def test_nan_propagates():
+    a, b = _linear_inputs(1, 6, 2)
+    b[0, 2, 0] = float("nan")
+    _, Bc = mingru.linear_scan(a, b)
+    assert Bc[0, :2].isfinite().all() and Bc[0, 2:, 0].isnan().all() and Bc[0, :, 1].isfinite().all()
