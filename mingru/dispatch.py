@@ -10,7 +10,10 @@ Triton is imported only when a kernel is first needed, so `import mingru` stays 
 """
 import importlib
 import os
+import sys
 import warnings
+
+import torch
 
 MODES = ("auto", "eager", "triton")
 
@@ -47,10 +50,17 @@ def interpreting():
 def triton_impl(name):
     """Import and return the Triton implementation of `name`, or raise ScanFallback."""
     module, func = TRITON_IMPLS[name].split(":")
-    try:
-        return getattr(importlib.import_module(module), func)
-    except ImportError as err:  # triton missing, or torch too old for triton_op
-        raise ScanFallback(f"Triton backend unavailable ({err})") from err
+    loaded = sys.modules.get(module)  # a dict lookup torch.compile can trace; importing it cannot
+    if loaded is None:
+        if torch.compiler.is_compiling():
+            raise RuntimeError(f"mingru: torch.compile reached {name} before its kernels were loaded; "
+                               "`import mingru.kernels.diagonal, mingru.kernels.matrix, "
+                               "mingru.kernels.rotation` (or run the model once) before compiling")
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError as err:  # triton missing, or torch too old for triton_op
+            raise ScanFallback(f"Triton backend unavailable ({err})") from err
+    return getattr(loaded, func)
 
 
 def _warn_once(name, reason):
