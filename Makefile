@@ -6,7 +6,7 @@ VENV := .venv
 CPU_PINS := torch==2.13.0 triton==3.9.0 "numpy>=2.4,<2.5"
 NB ?=
 PYTEST := $(PYTHON) -m pytest
-NBVAL := --nbval-lax --sanitize-with notebooks/sanitize.cfg
+NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 
 .PHONY: help setup test unit nbval bench reproduce lab wheelhouse clean
 
