@@ -1,0 +1,397 @@
+"""Triton kernels for the elementwise-in-D scans: linear_scan, linear_recurrence, parallel_scan_log.
+
+All three are the affine monoid of `core` run along time, one lane per channel. One forward
+kernel and one backward kernel serve the three ops through the constexpr MODE:
+
+  SCAN  linear_scan(a, b) -> (A, Bc)        A_t = prod a,  Bc_t = a_t Bc_{t-1} + b_t
+  REC   linear_recurrence(a, b, h0) -> h    the same, from h0, without the prefix products
+  LOG   parallel_scan_log(lc, lv) -> h      h_t = e^{lc_t} h_{t-1} + e^{lv_t}, h_0 = e^{lv_0}
+
+The backward is the same monoid in reverse time: lam_t = g_t + a_{t+1} lam_{t+1}, read from the
+forward's inputs and outputs only (no division, so a_t = 0 is fine).
+
+Layout (see `plan`): one program per (D-block, batch row, time segment) walks its segment in
+tiles of CHUNK steps, scanning each tile with tl.associative_scan and carrying the state across
+tiles in registers. With more than one segment a first pass writes each segment's aggregate and
+the second pass folds the aggregates of the earlier segments into its starting carry.
+"""
+import contextlib
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from mingru.dispatch import interpreting
+from mingru.kernels.common import next_pow2, require, require_dtype
+from mingru.kernels.core import carry_scan, log_add_exp, log_carry_scan
+
+SCAN: tl.constexpr = tl.constexpr(0)
+REC: tl.constexpr = tl.constexpr(1)
+LOG: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _acc(x, F64: tl.constexpr):
+    if F64:
+        y = x.to(tl.float64)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, n_seg,
+                    MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
+                    F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_d = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    n_batch = tl.num_programs(1)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    t_begin = seg * seg_len
+    t_end = tl.minimum(t_begin + seg_len, T)
+    base = b * T * D
+    lv_base = b * (T + 1) * D  # log_values has one more row: slot 0 is log h0
+    agg_off = (b * n_seg) * D + cols
+    agg_stride = n_batch * n_seg * D
+
+    # Carry: (A, B) in linear space; (sum of lc, log h) in log space.
+    if MODE == LOG:
+        carry_a = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+        if AGG_PASS:
+            carry_b = _acc(tl.full([BLOCK_D], float("-inf"), tl.float32), F64)
+        else:
+            carry_b = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+    else:
+        carry_a = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
+        carry_b = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+        if HAS_H0 and not AGG_PASS:
+            carry_b = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
+    if not AGG_PASS:
+        for s in range(0, seg):  # fold in the aggregates of the earlier segments
+            agg_a = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
+            agg_b = tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
+            if MODE == LOG:
+                carry_b = log_add_exp(agg_a + carry_b, agg_b)
+            else:
+                carry_b = agg_a * carry_b + agg_b
+                carry_a = agg_a * carry_a
+
+    for i in range(0, tl.cdiv(t_end - t_begin, CHUNK)):
+        t0 = t_begin + i * CHUNK
+        rows = tl.arange(0, CHUNK)
+        mask = ((t0 + rows) < t_end)[:, None] & cmask[None, :]
+        offs = t0.to(tl.int64) * D + rows[:, None] * D + cols[None, :]
+        if MODE == LOG:  # padding: lc = 0, lv = -inf is the identity (1, 0)
+            lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
+            lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=float("-inf")), F64)
+            h, carry_a, carry_b = log_carry_scan(lc, lv, carry_a, carry_b)
+        else:
+            a = _acc(tl.load(x_ptr + base + offs, mask=mask, other=1.0), F64)
+            bb = _acc(tl.load(y_ptr + base + offs, mask=mask, other=0.0), F64)
+            big_a, h, carry_a, carry_b = carry_scan(a, bb, carry_a, carry_b)
+            if MODE == SCAN and not AGG_PASS:
+                tl.store(out_a_ptr + base + offs, big_a.to(out_a_ptr.dtype.element_ty), mask=mask)
+        if not AGG_PASS:
+            tl.store(out_h_ptr + base + offs, h.to(out_h_ptr.dtype.element_ty), mask=mask)
+
+    if AGG_PASS:
+        tl.store(agg_ptr + agg_off + seg * D, carry_a, mask=cmask)
+        tl.store(agg_ptr + agg_stride + agg_off + seg * D, carry_b, mask=cmask)
+
+
+@triton.jit
+def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
+                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, n_seg,
+                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
+                     F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_d = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    n_batch = tl.num_programs(1)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    t_begin = seg * seg_len
+    t_end = tl.minimum(t_begin + seg_len, T)
+    base = b * T * D
+    lv_base = b * (T + 1) * D
+    agg_off = (b * n_seg) * D + cols
+    agg_stride = n_batch * n_seg * D
+
+    # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
+    # product of the coefficients (needed only for a segment's aggregate).
+    lam = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+    mu = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+    c_prod = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
+    if not AGG_PASS:
+        for i in range(0, n_seg - 1 - seg):  # fold in the later segments, last one first
+            s = n_seg - 1 - i
+            agg_c = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
+            lam = agg_c * lam + tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
+            if MODE == SCAN:
+                mu = agg_c * mu + tl.load(agg_ptr + 2 * agg_stride + agg_off + s * D, mask=cmask, other=0.0)
+
+    n_chunks = tl.cdiv(t_end - t_begin, CHUNK)
+    for i in range(0, n_chunks):
+        t = t_end - 1 - i * CHUNK - tl.arange(0, CHUNK)  # tile row r holds time t_hi - r
+        valid = t >= t_begin
+        mask = valid[:, None] & cmask[None, :]
+        next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
+        prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
+        first = (t == 0)[:, None]
+        offs = t.to(tl.int64)[:, None] * D + cols[None, :]
+        # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
+        if MODE == LOG:
+            c = tl.exp(_acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=float("-inf")), F64))
+        else:
+            c = _acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=0.0), F64)
+        c = tl.where(valid[:, None], c, 1.0)
+        g = _acc(tl.load(g_ptr + base + offs, mask=mask, other=0.0), F64)
+        _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
+        if MODE == SCAN:
+            ga = _acc(tl.load(ga_ptr + base + offs, mask=mask, other=0.0), F64)
+            _, mu_t, _, mu = carry_scan(c, ga, c_prod, mu)
+
+        if not AGG_PASS:
+            if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
+                a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
+                b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+                dx = mu_t * a_prev + lam_t * b_prev
+                dy = lam_t
+            elif MODE == REC:
+                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+                if HAS_H0:
+                    h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
+                    h_prev = tl.where(first, h0[None, :], h_prev)
+                dx = lam_t * h_prev
+                dy = lam_t
+            else:
+                lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
+                lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
+                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+                lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+                # a_1 h_0 as one exp, so a huge or -inf log h0 stays finite or exactly 0
+                a_h = tl.where(first, tl.exp(lc + lv0[None, :]), tl.exp(lc) * h_prev)
+                dx = lam_t * a_h
+                dy = lam_t * tl.exp(lv)
+            tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dy_base = lv_base + D if MODE == LOG else base
+            tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+
+    if AGG_PASS:
+        tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
+        tl.store(agg_ptr + agg_stride + agg_off + seg * D, lam, mask=cmask)
+        if MODE == SCAN:
+            tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
+    elif MODE != SCAN:
+        if seg == 0:  # gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)
+            x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
+            if MODE == LOG:
+                lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+                tl.store(dy_ptr + lv_base + cols, (lam * tl.exp(x0 + lv0)).to(dy_ptr.dtype.element_ty), mask=cmask)
+            elif HAS_H0:
+                tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
+
+
+class Layout(NamedTuple):
+    chunk: int
+    block_d: int
+    warps: int
+    segments: int
+    seg_len: int
+
+
+_forced = {"chunk": 0, "segments": 0}
+
+
+@contextlib.contextmanager
+def forced_layout(chunk=0, segments=0):
+    """Force the tile length and the number of time segments (0 = automatic), for tests."""
+    old = dict(_forced)
+    _forced.update(chunk=chunk, segments=segments)
+    try:
+        yield
+    finally:
+        _forced.update(old)
+
+
+def plan(B, T, D, device):
+    """Tile sizes and the number of time segments for a (B, T, D) scan.
+
+    Rule: BLOCK_D covers up to 64 channels and a tile holds CHUNK=32 steps (fewer for short T).
+    One program per (D-block, batch row) walks all of T when there are enough of them to fill
+    the GPU (>= 4 per SM); otherwise T is cut into segments so that there are, each at least
+    4 tiles long, and a first pass computes the segments' aggregates.
+    `forced_layout` lets tests force small tiles and the split layout.
+    """
+    chunk = _forced["chunk"] or min(next_pow2(T), 32)
+    block_d = min(next_pow2(D), 64)
+    lanes = B * triton.cdiv(D, block_d)
+    segments = _forced["segments"]
+    if not segments:
+        segments = 1
+        if device.type == "cuda":
+            want = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+            if lanes < want:
+                segments = max(1, min(triton.cdiv(want, lanes), T // (4 * chunk)))
+    seg_len = triton.cdiv(triton.cdiv(T, segments), chunk) * chunk
+    return Layout(chunk, block_d, 4, triton.cdiv(T, seg_len), seg_len)
+
+
+def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg):
+    """Run `kernel` over the layout: the aggregate pass first when time is split."""
+    B, T, D = x.shape
+    grid = (triton.cdiv(D, lay.block_d), B, lay.segments)
+    agg = x
+    common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
+                  BLOCK_D=lay.block_d, num_warps=lay.warps)
+    if lay.segments > 1:
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        agg = torch.empty(n_agg, B, lay.segments, D, dtype=acc, device=x.device)
+        wrap_triton(kernel)[grid](*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=True, **common)
+    wrap_triton(kernel)[grid](*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=False, **common)
+
+
+def _forward(mode, x, y, h0, out_a, out_h):
+    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device)
+    _launch(_forward_kernel, mode, x, lay, (x, y, x if h0 is None else h0, out_a, out_h), h0 is not None, 2)
+
+
+def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
+    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device)
+    tensors = (x, y, x if h0 is None else h0, g, ga, out_h, out_a, dx, dy, dh0)
+    _launch(_backward_kernel, mode, x, lay, tensors, h0 is not None, 3 if mode is SCAN else 2)
+
+
+def _grad(g, like):
+    return torch.zeros_like(like) if g is None else g.contiguous()
+
+
+# ---- linear_scan -------------------------------------------------------------------------
+
+@triton_op("mingru::linear_scan", mutates_args=())
+def _linear_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = a.contiguous(), b.contiguous()
+    A, Bc = torch.empty_like(a), torch.empty_like(b)
+    _forward(SCAN, a, b, None, A, Bc)
+    return A, Bc
+
+
+@triton_op("mingru::linear_scan_backward", mutates_args=())
+def _linear_scan_backward(a: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
+                          gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, gA, gB = a.contiguous(), gA.contiguous(), gB.contiguous()
+    da, db = torch.empty_like(a), torch.empty_like(a)
+    _backward(SCAN, a, a, None, gB, gA, Bc, A, da, db, da)
+    return da, db
+
+
+def _linear_scan_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], *output)
+
+
+def _linear_scan_grad(ctx, gA, gB):
+    a, A, Bc = ctx.saved_tensors
+    da, db = torch.ops.mingru.linear_scan_backward(a, A, Bc, _grad(gA, A), _grad(gB, Bc))
+    return da, db
+
+
+torch.library.register_autograd("mingru::linear_scan", _linear_scan_grad, setup_context=_linear_scan_setup)
+
+
+# ---- linear_recurrence --------------------------------------------------------------------
+
+@triton_op("mingru::linear_recurrence", mutates_args=())
+def _linear_recurrence(a: torch.Tensor, b: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
+    a, b = a.contiguous(), b.contiguous()
+    h0 = None if h0 is None else h0.contiguous()
+    h = torch.empty_like(b)
+    _forward(REC, a, b, h0, h, h)
+    return h
+
+
+@triton_op("mingru::linear_recurrence_backward", mutates_args=())
+def _linear_recurrence_backward(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
+                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a, g = a.contiguous(), g.contiguous()
+    h0 = None if h0 is None else h0.contiguous()
+    da, db = torch.empty_like(a), torch.empty_like(a)
+    dh0 = a.new_empty(a.shape[0], a.shape[2])
+    _backward(REC, a, a, h0, g, g, h, h, da, db, dh0)
+    return da, db, dh0
+
+
+def _linear_recurrence_setup(ctx, inputs, output):
+    a, _, h0 = inputs
+    ctx.has_h0 = h0 is not None
+    ctx.save_for_backward(a, h0, output)
+
+
+def _linear_recurrence_grad(ctx, g):
+    a, h0, h = ctx.saved_tensors
+    da, db, dh0 = torch.ops.mingru.linear_recurrence_backward(a, h0, h, _grad(g, h))
+    return da, db, (dh0 if ctx.has_h0 else None)
+
+
+torch.library.register_autograd("mingru::linear_recurrence", _linear_recurrence_grad,
+                                setup_context=_linear_recurrence_setup)
+
+
+# ---- parallel_scan_log --------------------------------------------------------------------
+
+@triton_op("mingru::parallel_scan_log", mutates_args=())
+def _parallel_scan_log(log_coeffs: torch.Tensor, log_values: torch.Tensor) -> torch.Tensor:
+    lc, lv = log_coeffs.contiguous(), log_values.contiguous()
+    h = torch.empty_like(lc)
+    _forward(LOG, lc, lv, None, h, h)
+    return h
+
+
+@triton_op("mingru::parallel_scan_log_backward", mutates_args=())
+def _parallel_scan_log_backward(log_coeffs: torch.Tensor, log_values: torch.Tensor, h: torch.Tensor,
+                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lc, lv, g = log_coeffs.contiguous(), log_values.contiguous(), g.contiguous()
+    dlc, dlv = torch.empty_like(lc), torch.empty_like(lv)
+    _backward(LOG, lc, lv, None, g, g, h, h, dlc, dlv, dlc)
+    return dlc, dlv
+
+
+def _parallel_scan_log_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1], output)
+
+
+def _parallel_scan_log_grad(ctx, g):
+    lc, lv, h = ctx.saved_tensors
+    dlc, dlv = torch.ops.mingru.parallel_scan_log_backward(lc, lv, h, _grad(g, h))
+    return dlc, dlv
+
+
+torch.library.register_autograd("mingru::parallel_scan_log", _parallel_scan_log_grad,
+                                setup_context=_parallel_scan_log_setup)
+
+
+# ---- entry points (inputs already validated by mingru.ops) -------------------------------
+
+def _check(x):
+    require_dtype(x)
+    require(x.is_cuda or (x.device.type == "cpu" and interpreting()),
+            f"tensors on {x.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
+    require(x.shape[0] < 65536, f"batch {x.shape[0]} exceeds the launch grid (65535)")
+
+
+def linear_scan(a, b):
+    _check(a)
+    return torch.ops.mingru.linear_scan(a, b)
+
+
+def linear_recurrence(a, b, h0=None):
+    _check(a)
+    return torch.ops.mingru.linear_recurrence(a, b, h0)
+
+
+def parallel_scan_log(log_coeffs, log_values):
+    _check(log_coeffs)
+    return torch.ops.mingru.parallel_scan_log(log_coeffs, log_values)
