@@ -1,0 +1,139 @@
+"""Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log) vs the float64 loops.
+
+On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
+shapes stay tiny. `forced_layout` shrinks the tile (CHUNK) to cross tile boundaries and forces the
+two-pass time split that the GPU picks for small B*D.
+Tolerances: float32 accumulates in float32 over T <= 64 steps, a few ulps per step, so 1e-5 abs /
+1e-4 rel; bfloat16 rounds the outputs (and the saved outputs the backward reads) to 8 bits, so 2e-2.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mingru
+from mingru import naive
+
+diagonal = pytest.importorskip("mingru.kernels.diagonal")
+pytestmark = [pytest.mark.usefixtures("triton_mode"),
+              # the interpreter's numpy warns on log(0) = -inf, a legitimate value of log h
+              pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")]
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+       torch.float64: dict(atol=1e-10, rtol=1e-10)}
+
+
+def _signed(g, B, T, D):
+    """Coefficients in +-[0.5, 1): negative ones included, products stay in range for T <= 64."""
+    sign = torch.randint(0, 2, (B, T, D), generator=g) * 2 - 1
+    return sign * (0.5 + 0.5 * torch.rand(B, T, D, generator=g))
+
+
+def _inputs(op, B, T, D, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if op == "linear_scan":
+        xs = [_signed(g, B, T, D), torch.randn(B, T, D, generator=g)]
+    elif op == "linear_recurrence":
+        xs = [_signed(g, B, T, D), torch.randn(B, T, D, generator=g), torch.randn(B, D, generator=g)]
+    else:
+        xs = [-F.softplus(torch.randn(B, T, D, generator=g)), torch.randn(B, T + 1, D, generator=g)]
+    return [x.to(device=device, dtype=dtype) for x in xs]
+
+
+OPS = {
+    "linear_scan": (mingru.linear_scan, naive.linear_scan_naive),
+    "linear_recurrence": (mingru.linear_recurrence, naive.linear_recurrence_naive),
+    "linear_recurrence-no_h0": (lambda a, b: mingru.linear_recurrence(a, b), naive.linear_recurrence_naive),
+    "parallel_scan_log": (mingru.parallel_scan_log, naive.parallel_scan_log_naive),
+}
+
+
+def _as_tuple(outs):
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
+def _run(fn, inputs, cotangents):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    outs = _as_tuple(fn(*inputs))
+    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
+    return list(outs), [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
+
+
+def _check(name, inputs, tol, layout=(0, 0)):
+    """Outputs and gradients (random cotangents on every output) of the kernel vs float64."""
+    op, ref = OPS[name]
+    with torch.no_grad():
+        shapes = [o.shape for o in _as_tuple(ref(*inputs))]
+    g = torch.Generator().manual_seed(1)
+    # cotangents rounded to the input dtype, so both sides differentiate against the same values
+    cot = [torch.randn(s, generator=g).to(inputs[0].dtype).double().to(inputs[0].device) for s in shapes]
+    ref_outs, ref_grads = _run(ref, [x.double() for x in inputs], cot)
+    with diagonal.forced_layout(*layout):
+        outs, grads = _run(op, inputs, cot)
+    for got, want, x in zip(outs + grads, ref_outs + ref_grads, inputs + inputs):
+        assert got.dtype == x.dtype
+        torch.testing.assert_close(got.double(), want.to(x.dtype).double(), **tol)
+
+
+# (T, forced CHUNK, forced segments): T=1, a short T, a T crossing tiles and segments, one full tile.
+CASES = [(1, 0, 0), (7, 0, 0), (7, 2, 3), (37, 8, 0), (37, 8, 3), (64, 0, 0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("T,chunk,segments", CASES,
+                         ids=[f"T{t}-chunk{c or 'auto'}-seg{s or 'auto'}" for t, c, s in CASES])
+@pytest.mark.parametrize("name", list(OPS))
+def test_matches_float64_reference(name, T, chunk, segments, dtype, device):
+    B, D = 2, 5
+    inputs = _inputs(name.split("-")[0], B, T, D, dtype, device)
+    if name.endswith("no_h0"):
+        inputs = inputs[:2]
+    _check(name, inputs, TOL[dtype], (chunk, segments))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_wide_d_and_noncontiguous_inputs(name, device):
+    """D spanning two channel blocks, inputs given as transposed views."""
+    inputs = _inputs(name.split("-")[0], 1, 9, 70, torch.float32, device, seed=3)
+    inputs = [x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 3 else x for x in inputs]
+    assert not inputs[0].is_contiguous()
+    _check(name, inputs[:2] if name.endswith("no_h0") else inputs, TOL[torch.float32], (4, 2))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_float64_gradcheck(name, device):
+    inputs = [x.requires_grad_() for x in _inputs(name.split("-")[0], 2, 6, 3, torch.float64, device)]
+    if name.endswith("no_h0"):
+        inputs = inputs[:2]
+    with diagonal.forced_layout(chunk=2, segments=2):
+        assert torch.autograd.gradcheck(OPS[name][0], inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("name", ["linear_scan", "linear_recurrence"])
+def test_zero_coefficients(name, device):
+    """a_t = 0 resets the state; the backward must not divide by it."""
+    inputs = _inputs(name, 2, 11, 6, torch.float32, device, seed=5)
+    inputs[0][:, 4] = 0.0
+    inputs[0][0, :, 2] = 0.0
+    _check(name, inputs, TOL[torch.float32], (4, 2))
+
+
+@pytest.mark.parametrize("chunk,segments", [(0, 0), (2, 0), (2, 3)],
+                         ids=["chunk-auto", "chunk2", "chunk2-seg3"])
+def test_log_scan_carry_beyond_float32(chunk, segments, device):
+    """h0 = e^100 overflows float32 but h_1 = e^100 e^-30 does not: the carry must stay in log form."""
+    lc, lv = _inputs("parallel_scan_log", 1, 9, 4, torch.float32, device, seed=7)
+    lv[:, 0] = 100.0
+    lc[:, 0] = -30.0
+    lc[:, 1] = -10.0
+    with diagonal.forced_layout(chunk, segments):
+        h = mingru.parallel_scan_log(lc, lv)
+    assert torch.isfinite(h).all()
+    _check("parallel_scan_log", [lc, lv], dict(atol=1e-5, rtol=1e-5), (chunk, segments))
+
+
+@pytest.mark.parametrize("chunk,segments", [(0, 0), (2, 3)], ids=["chunk-auto", "chunk2-seg3"])
+def test_log_scan_zero_initial_state(chunk, segments, device):
+    """log h0 = -inf means h0 = 0: outputs and gradients stay finite."""
+    lc, lv = _inputs("parallel_scan_log", 2, 8, 5, torch.float32, device, seed=9)
+    lv[:, 0] = float("-inf")
+    _check("parallel_scan_log", [lc, lv], TOL[torch.float32], (chunk, segments))
