@@ -1,0 +1,50 @@
+"""Benchmark harnesses: `python -m mingru.bench {speed,roofline,memory,parity,peers,all} [--quick]`.
+
+Each writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its figures
+under <out>/figures; every run also writes <out>/env.json. Without --quick it needs a CUDA GPU;
+--quick is a CPU smoke run on tiny shapes (Triton through the interpreter only when
+TRITON_INTERPRET=1 is set) that exercises the same code and claims no GPU numbers.
+"""
+import argparse
+import importlib
+
+HARNESSES = ("speed", "roofline", "memory", "parity", "peers")
+
+
+def run(which, quick=False, out="results", only=None):
+    """Run harnesses (a name or 'all'); return the paths written."""
+    import torch
+
+    from mingru import plots
+    from mingru.bench import env as environment
+    from mingru.bench import report
+
+    names = HARNESSES if which == "all" else (which,)
+    device = torch.device("cpu" if quick else "cuda")
+    env = environment.environment(device, smoke=quick)
+    paths = [report.write_env(out, env)]
+    wanted = [w.strip() for w in only.split(",")] if only else None
+    keep = (lambda name: any(w in name for w in wanted)) if wanted else (lambda name: True)
+    for name in names:
+        module = importlib.import_module(f"mingru.bench.{name}")
+        rows, meta = module.measure(device, quick, env, keep)
+        meta = {"smoke": quick, "only": only, **meta}
+        paths += report.write(out, module.NAME, env, rows, meta)
+        paths += plots.draw(module.NAME, out)
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mingru.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=HARNESSES + ("all",))
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU smoke run on tiny shapes; its numbers are not GPU numbers")
+    parser.add_argument("--out", default="results", help="output folder (default: results)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated parts of op/mixer/peer names to keep, e.g. matrix,Givens")
+    args = parser.parse_args(argv)
+    import torch
+    if not args.quick and not torch.cuda.is_available():
+        parser.error("the benchmarks need a CUDA GPU; use --quick for a CPU smoke run")
+    for path in run(args.what, args.quick, args.out, args.only):
+        print(path)

@@ -1,0 +1,3 @@
+from mingru.bench import main
+
+main()

@@ -1,0 +1,152 @@
+"""What every harness runs: fresh random, non-zero inputs for an op or a mixer, a call, a backward.
+
+A subject is an op name ("linear_scan") or a mixer name with its path ("GivensMinGRU[fused]").
+Its dims: B, T and D for the diagonal ops; B, T, n blocks of k (x v) for the matrix ops; n, k and
+L Givens layers for rotation_recurrence; B, T, d (and k) for the mixers; h0=True adds a start state.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import mingru
+from mingru import naive
+
+DIAGONAL = ("linear_scan", "linear_recurrence", "parallel_scan_log")
+OPS = DIAGONAL + ("matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence")
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU[fused]", "RotationMinGRU[generic]",
+          "GivensMinGRU[fused]", "GivensMinGRU[generic]")
+
+
+@dataclass
+class Job:
+    """fn(*inputs), plus module parameters, which receive gradients too."""
+    name: str
+    fn: object
+    inputs: tuple
+    params: tuple = ()
+
+    def requiring_grad(self):
+        inputs = tuple(None if x is None else x.detach().requires_grad_() for x in self.inputs)
+        return Job(self.name, self.fn, inputs, self.params)
+
+    @property
+    def leaves(self):
+        return tuple(x for x in self.inputs if x is not None and x.requires_grad) + self.params
+
+
+def label(dims):
+    """'B128-T64-D64', with '-h0' when a start state is passed."""
+    text = "-".join(f"{k}{v}" for k, v in dims.items() if k != "h0")
+    return text + ("-h0" if dims.get("h0") else "")
+
+
+def make(name, dims, dtype=torch.float32, device="cpu"):
+    if name in OPS:
+        return Job(name, getattr(mingru, name), op_inputs(name, dims, dtype, device))
+    base, _, path = name.partition("[")
+    kwargs = {"fused": path.startswith("fused")} if path else {}
+    if base == "GivensMinGRU":
+        kwargs["k"] = dims.get("k", 8)
+    module = getattr(mingru, base)(dims["d"], dims["d"], **kwargs).to(device, dtype)
+    x = torch.randn(dims["B"], dims["T"], dims["d"], device=device, dtype=dtype)
+    return Job(name, module, (x,), tuple(module.parameters()))
+
+
+def _signed(*shape, device):
+    # |a| in [0.5, 1) with a random sign: long memory, no overflow, never zero.
+    return (0.5 + 0.5 * torch.rand(shape, device=device)) * torch.randn(shape, device=device).sign()
+
+
+def _contractive(*shape, device):
+    # Gaussian k x k blocks scaled so that long products decay (negative top Lyapunov exponent).
+    return torch.randn(shape, device=device) * (0.6 / math.sqrt(shape[-1]))
+
+
+def op_inputs(op, dims, dtype=torch.float32, device="cpu"):
+    B, T, h0 = dims["B"], dims["T"], dims.get("h0", False)
+    randn = lambda *shape: torch.randn(shape, device=device)  # noqa: E731
+    if op == "parallel_scan_log":
+        D = dims["D"]
+        xs = (-F.softplus(randn(B, T, D)), randn(B, T + 1, D))
+    elif op in DIAGONAL:
+        D = dims["D"]
+        xs = (_signed(B, T, D, device=device), randn(B, T, D))
+        if op == "linear_recurrence":
+            xs += (randn(B, D) if h0 else None,)
+    elif op == "matrix_scan":
+        n = dims["n"]
+        xs = (_contractive(B, T, n, 2, 2, device=device), randn(B, T, n, 2))
+    elif op == "rotation_recurrence":
+        n, k, L = dims["n"], dims["k"], dims["L"]
+        angles = math.pi * (2 * torch.rand(B, T, n, L, k // 2, device=device) - 1)
+        decay = 0.5 + 0.5 * torch.rand(B, T, n, device=device)
+        xs = (angles, decay, randn(B, T, n, k), randn(B, n, k) if h0 else None)
+    else:
+        n, k, v = dims["n"], dims["k"], dims["v"]
+        xs = (_contractive(B, T, n, k, k, device=device), randn(B, T, n, k, v))
+        if op == "matrix_recurrence":
+            xs += (randn(B, n, k, v) if h0 else None,)
+    return tuple(None if x is None else x.to(dtype) for x in xs)
+
+
+def naive_fn(name):
+    """The float64 sequential reference of an op (None for mixers)."""
+    return getattr(naive, f"{name}_naive", None)
+
+
+def outputs(fn, inputs):
+    out = fn(*inputs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def forward(job, fn=None):
+    """Inference: outputs only, no autograd graph."""
+    with torch.no_grad():
+        return outputs(job.fn if fn is None else fn, job.inputs), ()
+
+
+def forward_backward(job, cotangents, fn=None):
+    """Outputs and the gradients of sum(out * cotangent) for every leaf; job must require grad."""
+    outs = outputs(job.fn if fn is None else fn, job.inputs)
+    grads = torch.autograd.grad(outs, job.leaves, cotangents, allow_unused=True)
+    return tuple(o.detach() for o in outs), grads
+
+
+def cotangents_for(outs):
+    return tuple(torch.randn_like(o) for o in outs)
+
+
+def step(job, cotangents, fn=None):
+    """The timed unit: inference (cotangents None) or forward + backward into .grad."""
+    fn = job.fn if fn is None else fn  # (a module has no truth value)
+    if cotangents is None:
+        with torch.no_grad():
+            fn(*job.inputs)
+    else:
+        torch.autograd.backward(outputs(fn, job.inputs), cotangents)
+
+
+def max_err(got, want):
+    """Largest |got - want| over paired tensors (pairs with a None skipped), in float64."""
+    errs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got, want)
+            if g is not None and w is not None and g.numel()]
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
+
+
+def within(got, want, atol, rtol):
+    """|got - want| <= atol + rtol |want| everywhere, NaN counting as a failure."""
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            if (g is None) != (w is None):
+                return False
+            continue
+        g, w = g.double(), w.double()
+        if not bool(((g - w).abs() <= atol + rtol * w.abs()).all()):
+            return False
+    return True
+
+
+def nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

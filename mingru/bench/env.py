@@ -1,0 +1,83 @@
+"""The environment record stored in every result file, with the copy bandwidth of this run."""
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from mingru.bench.timing import median_us
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(*cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state():
+    """(commit, dirty). A copy without .git (the GPU machine gets one) reads MINGRU_COMMIT instead."""
+    commit = _run("git", "rev-parse", "HEAD")
+    if commit is None:
+        return os.environ.get("MINGRU_COMMIT", "unknown"), None
+    return commit, bool(_run("git", "status", "--porcelain", "--untracked-files=no"))
+
+
+def gpu_record():
+    if not torch.cuda.is_available():
+        return {"gpu": None, "gpu_capability": None, "gpu_memory_gb": None, "driver": None}
+    props = torch.cuda.get_device_properties(0)
+    # nvidia-smi knows the driver version; torch only knows the CUDA driver API version.
+    driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    if driver is None:
+        api = torch._C._cuda_getDriverVersion()
+        driver = f"CUDA driver API {api // 1000}.{api % 1000 // 10}"
+    return {"gpu": props.name, "gpu_capability": f"sm_{props.major}{props.minor}",
+            "gpu_memory_gb": round(props.total_memory / 2**30, 1), "driver": driver.splitlines()[0]}
+
+
+def copy_bandwidth(device):
+    """Device-to-device copy of a buffer far larger than L2, in GB/s (bytes = read + write)."""
+    n = 2**28 if torch.device(device).type == "cuda" else 2**22
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src), device)
+    del src, dst
+    return 2 * n * 4 / us / 1e3
+
+
+def environment(device, smoke):
+    commit, dirty = git_state()
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device),
+        **gpu_record(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "numpy": _version("numpy"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "smoke": smoke,
+    }
+    record["copy_gbps"] = copy_bandwidth(device)
+    record["copy_method"] = ("dst.copy_(src) of 1 GiB float32, do_bench median, bytes = 2 x size"
+                             if record["device"].startswith("cuda") else
+                             "dst.copy_(src) of 16 MiB float32 on the CPU, wall-clock median (smoke run)")
+    return record

@@ -1,0 +1,93 @@
+"""Memory: peak allocated bytes of a mixer's forward + backward, fused vs generic, Triton vs eager."""
+import gc
+
+import torch
+
+from mingru.bench import cases
+from mingru.bench.parity import SKIPPED, failure
+from mingru.bench.timing import Progress, scan_impl
+
+NAME = "scan_memory"
+LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8)
+LAB_MIXERS = ("GivensMinGRU[fused]", "GivensMinGRU[generic]", "RotationMinGRU[fused]",
+              "RotationMinGRU[generic]")
+VS_T, QUICK_VS_T = (64, 128, 256, 512, 1024, 2048, 4096), (4, 8, 16)
+VS_T_B, QUICK_VS_T_B = 16, 1
+METHOD = ("CUDA: after a warm-up step, gc + torch.cuda.empty_cache() + reset_peak_memory_stats(); "
+          "then build the module and input, run forward and backward of a random cotangent; peak_mb = "
+          "max_memory_allocated() - memory_allocated() before the build, so parameters, inputs, "
+          "activations and gradients are all counted. saved_mb (any device) = distinct storages "
+          "autograd saved for backward, seen through saved_tensors_hooks. float32, k=8, rounds=3.")
+
+
+def _saved_storages(store):
+    def pack(t):
+        storage = t.untyped_storage()
+        store[storage.data_ptr()] = storage.nbytes()
+        return t
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def _step(name, dims, device, saved):
+    job = cases.make(name, dims, torch.float32, device).requiring_grad()
+    with _saved_storages(saved):
+        outs = cases.outputs(job.fn, job.inputs)
+    torch.autograd.backward(outs, cases.cotangents_for(outs))
+
+
+def peak(name, dims, impl, device):
+    """{'peak_mb', 'saved_mb'} of one forward + backward of a fresh module and input."""
+    cuda = device.type == "cuda"
+    with scan_impl(impl):
+        _step(name, dims, device, {})  # compiles kernels and fills caches outside the measurement
+        gc.collect()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        saved = {}
+        _step(name, dims, device, saved)
+        if cuda:
+            torch.cuda.synchronize()
+            return {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20,
+                    "saved_mb": sum(saved.values()) / 2**20}
+    return {"peak_mb": None, "saved_mb": sum(saved.values()) / 2**20}
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    lab = QUICK_LAB if quick else LAB
+    Ts, B = (QUICK_VS_T, QUICK_VS_T_B) if quick else (VS_T, VS_T_B)
+    impls = ("eager", "triton") if device.type == "cuda" or env["triton_interpret"] else ("eager",)
+    todo = [("lab", name, lab) for name in LAB_MIXERS]
+    todo += [("vs-T", name, dict(B=B, T=T, d=lab["d"])) for name in cases.MIXERS for T in Ts]
+    todo = [(case, name, dims, impl) for case, name, dims in todo if keep(name) for impl in impls]
+    progress = Progress("memory", len(todo))
+    rows = []
+    for case, name, dims, impl in todo:
+        progress(f"{name} {cases.label(dims)} {impl}")
+        row = {"case": case, "mixer": name, "impl": impl, **dims}
+        try:
+            rows.append({**row, **peak(name, dims, impl, device), "status": "ok"})
+        except Exception as exc:  # noqa: BLE001  (an out-of-memory or declined kernel becomes a row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append({**row, "peak_mb": None, "saved_mb": None, "status": failure(exc)})
+    if "triton" not in impls:
+        rows.append({"case": "all", "impl": "triton", "status": SKIPPED})
+    meta = {"method": METHOD,
+            "columns": ["case", "mixer", "impl", "B", "T", "d", "peak_mb", "saved_mb", "status"],
+            "notes": [METHOD] + _ratios(rows)}
+    return rows, meta
+
+
+def _ratios(rows):
+    """'GivensMinGRU triton: generic / fused peak = 10.3x' for the lab shape."""
+    lab = {(r["mixer"], r["impl"]): r.get("peak_mb") or r.get("saved_mb") for r in rows if r["case"] == "lab"}
+    notes = []
+    for (mixer, impl), fused in lab.items():
+        if mixer.endswith("[fused]"):
+            generic = lab.get((mixer.replace("fused", "generic"), impl))
+            if fused and generic:
+                notes.append(f"{mixer[:-7]} {impl}: generic / fused memory = {generic / fused:.1f}x")
+    return notes

@@ -1,0 +1,155 @@
+"""Parity: every kernel and fused mixer path against the eager reference, outputs and gradients.
+
+Each row runs one subject in float32 or bfloat16 under MINGRU_SCAN=triton and =eager on the same
+inputs and cotangents and gates the difference per op family; the float64 sequential loop
+(mingru.naive) shows how far each path is from the exact answer.
+"""
+import torch
+
+from mingru.bench import cases
+from mingru.bench.timing import Progress, scan_impl
+
+NAME = "scan_parity"
+SKIPPED = "skipped: the kernels need a GPU or TRITON_INTERPRET=1"
+BLOCKS = (1, 2, 4, 8, 16)
+
+# (outputs (atol, rtol), gradients (atol, rtol), why) per family, for float32 inputs.
+FLOAT32_GATES = {
+    "affine": ((1e-5, 0.0), (1e-3, 0.0),
+               "seed gate: both paths accumulate in float32 and differ only in summation order"),
+    "log": ((1e-4, 1e-4), (1e-3, 1e-3),
+            "seed gate: the exp/log round trip of the log-space scan costs about a decimal digit"),
+    "rotation": ((1e-5, 0.0), (1e-3, 1e-3),
+                 "seed gate of the angle-fused path: cos/sin and 2*rounds Givens layers are formed "
+                 "in float32 inside the kernel"),
+}
+BFLOAT16_GATE = ((1e-2, 1e-2), (5e-2, 5e-2),
+                 "bfloat16 keeps 8 significant bits (spacing 2^-8 = 3.9e-3 relative); both paths "
+                 "accumulate in float32 and round once, so they may differ by about two units in the "
+                 "last place, and gradients also read bf16-rounded saved outputs")
+MIXER_GRAD = ((1e-3, 1e-3), "weight gradients sum B*T terms, so the gradient gate is relative too")
+FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
+          "RotationMinGRU[fused]": "rotation", "GivensMinGRU[fused]": "rotation"}
+
+
+def gate(name, dtype):
+    """{'out': (atol, rtol), 'grad': (atol, rtol), 'why': str} for a subject at a dtype."""
+    if dtype == torch.bfloat16:
+        out, grad, why = BFLOAT16_GATE
+    else:
+        out, grad, why = FLOAT32_GATES[FAMILY.get(name, "affine")]
+        if name in cases.MIXERS:
+            grad, why = MIXER_GRAD[0], f"{why}; {MIXER_GRAD[1]}"
+    return {"out": out, "grad": grad, "why": why}
+
+
+def grid(quick):
+    """(subject, dims, dtype) for every row: the envelope in k, v, T (1 and non-powers of two), B, D."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    if quick:
+        yield "linear_scan", dict(B=1, T=5, D=3), f32
+        yield "linear_scan", dict(B=1, T=5, D=3), bf16
+        yield "linear_recurrence", dict(B=2, T=4, D=3, h0=True), f32
+        yield "parallel_scan_log", dict(B=1, T=5, D=3), f32
+        yield "matrix_scan", dict(B=1, T=3, n=2), f32
+        yield "matrix_affine_scan", dict(B=1, T=3, n=1, k=2, v=2), f32
+        yield "matrix_recurrence", dict(B=1, T=3, n=1, k=4, v=1, h0=True), f32
+        yield "rotation_recurrence", dict(B=1, T=3, n=1, k=4, L=2, h0=True), f32
+        yield "GivensMinGRU[fused]", dict(B=1, T=3, d=8, k=4), f32
+        return
+    for dtype in (f32, bf16):
+        for op in cases.DIAGONAL:
+            for T in (1, 2, 7, 64, 100, 1024, 4099):
+                for B, D in ((1, 1), (2, 33), (4, 64), (3, 257)):
+                    for h0 in ((False, True) if op == "linear_recurrence" else (False,)):
+                        yield op, dict(B=B, T=T, D=D, h0=h0), dtype
+        for T in (1, 2, 7, 64, 100, 1024):
+            for B, n in ((1, 1), (2, 32), (4, 5)):
+                yield "matrix_scan", dict(B=B, T=T, n=n), dtype
+        for k in BLOCKS:
+            for v in BLOCKS:
+                for T in (1, 33, 300):
+                    for B, n in ((1, 1), (3, 5)):
+                        yield "matrix_affine_scan", dict(B=B, T=T, n=n, k=k, v=v), dtype
+            for v in (1, 4, 16):
+                for T in (1, 33, 300):
+                    for h0 in (False, True):
+                        yield "matrix_recurrence", dict(B=2, T=T, n=3, k=k, v=v, h0=h0), dtype
+        for k in (2, 4, 8, 16):
+            for L in (1, 6):
+                for T in (1, 33, 300):
+                    for h0 in (False, True):
+                        yield "rotation_recurrence", dict(B=2, T=T, n=3, k=k, L=L, h0=h0), dtype
+        for mixer in cases.MIXERS:
+            for B, T in ((2, 33), (4, 64), (2, 300)):
+                yield mixer, dict(B=B, T=T, d=32, k=8), dtype
+
+
+def check(name, dims, dtype, device):
+    """One parity row: errors of triton against eager (gated) and of both against float64."""
+    job = cases.make(name, dims, dtype, device).requiring_grad()
+    g = gate(name, dtype)
+    row = {"op": name, "dims": cases.label(dims), "T": dims["T"], "dtype": str(dtype).replace("torch.", ""),
+           "out_gate": "{:g}/{:g}".format(*g["out"]), "grad_gate": "{:g}/{:g}".format(*g["grad"])}
+    with scan_impl("eager"):
+        want = cases.outputs(job.fn, job.inputs)
+        cot = cases.cotangents_for(want)
+        want_grads = torch.autograd.grad(want, job.leaves, cot, allow_unused=True)
+    try:
+        with scan_impl("triton"):
+            got, got_grads = cases.forward_backward(job, cot)
+    except Exception as err:  # noqa: BLE001  (a kernel that declines or crashes becomes a row)
+        return {**row, "pass": None, "status": failure(err)}
+    row.update(out_err=cases.max_err(got, want), grad_err=cases.max_err(got_grads, want_grads))
+    reference = cases.naive_fn(name)
+    if reference is not None:
+        with torch.no_grad():
+            exact = cases.outputs(reference, tuple(None if x is None else x.detach().double()
+                                                   for x in job.inputs))
+        row.update(triton_vs_f64=cases.max_err(got, exact), eager_vs_f64=cases.max_err(want, exact))
+    row["pass"] = (cases.within(got, want, *g["out"]) and cases.within(got_grads, want_grads, *g["grad"]))
+    row["status"] = "ok"
+    return row
+
+
+def failure(err):
+    """A short status for an exception: fallback when the kernel declined, else failed."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if "MINGRU_SCAN=triton" in text:
+        return "fallback: " + text.split("cannot run its kernel: ")[-1][:160]
+    return f"failed: {type(err).__name__}: {text[:160]}"
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    if device.type == "cpu" and not env["triton_interpret"]:
+        cases_ = []
+    else:
+        cases_ = [c for c in grid(quick) if keep(c[0])]
+    progress = Progress("parity", len(cases_))
+    rows = []
+    for name, dims, dtype in cases_:
+        progress(f"{name} {cases.label(dims)} {dtype}")
+        rows.append(check(name, dims, dtype, device))
+    if not cases_:
+        rows.append({"op": "all", "pass": None, "status": SKIPPED})
+    passed = sum(r["pass"] is True for r in rows)
+    failed = sum(r["pass"] is False for r in rows)
+    gates = {f"{family} float32": {"out": out, "grad": grad, "why": why}
+             for family, (out, grad, why) in FLOAT32_GATES.items()}
+    gates["all bfloat16"] = dict(zip(("out", "grad", "why"), BFLOAT16_GATE))
+    gates["mixer gradients float32"] = {"grad": MIXER_GRAD[0], "why": MIXER_GRAD[1]}
+    meta = {
+        "summary": {"rows": len(rows), "passed": passed, "failed": failed,
+                    "not_run": len(rows) - passed - failed},
+        "tolerances": gates,
+        "method": ("triton vs eager on the same inputs and random cotangents; pass when "
+                   "|triton - eager| <= atol + rtol |eager| for every output and every gradient "
+                   "(inputs and module parameters); *_vs_f64: outputs against the float64 "
+                   "sequential loop of mingru.naive"),
+        "columns": ["op", "dims", "dtype", "out_err", "grad_err", "triton_vs_f64", "eager_vs_f64",
+                    "out_gate", "grad_gate", "pass", "status"],
+        "notes": [f"{passed} of {len(rows)} rows pass, {failed} fail, "
+                  f"{len(rows) - passed - failed} did not run (see status)",
+                  "gates are atol/rtol; " + "; ".join(f"{k}: {v['why']}" for k, v in gates.items())],
+    }
+    return rows, meta

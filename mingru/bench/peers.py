@@ -1,0 +1,135 @@
+"""Peers: the gated diagonal recurrence h_t = exp(g_t) h_{t-1} + x_t in other libraries and ours.
+
+flash-linear-attention's HGRN kernels take (x, g) laid out (B, T, D) with a start state;
+accelerated-scan's Triton scan takes (gates, tokens) laid out (B, D, T) and starts from zero.
+Each competitor gets its own natural inputs, prepared outside the timed region, and is checked
+against the float64 sequential loop before it is timed. A missing library is a row, not a gap.
+"""
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+import mingru
+from mingru import naive
+from mingru.bench import cases
+from mingru.bench.parity import failure
+from mingru.bench.timing import Progress, median_us, scan_impl
+
+NAME = "peers"
+SHAPES = ((128, 64, 64), (16, 1024, 64), (16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024))
+QUICK_SHAPES = ((1, 8, 4),)
+GATE = (1e-4, 1e-4)  # float32 against the float64 loop, outputs and gradients
+OURS = ("mingru.linear_recurrence", "mingru.parallel_scan_log")
+
+
+def _find(*candidates):
+    """The first importable (module, attribute), or (None, why) — 'not installed' when absent."""
+    why = "not installed"
+    for module, attr in candidates:
+        try:
+            return getattr(importlib.import_module(module), attr), None
+        except ModuleNotFoundError as err:
+            if err.name and err.name.split(".")[0] != module.split(".")[0]:
+                why = f"import failed: {err}"
+        except Exception as err:  # noqa: BLE001  (a broken peer install is reported, not raised)
+            why = f"import failed: {type(err).__name__}: {err}"
+    return None, why
+
+
+def _hgrn(kernel):
+    return None if kernel is None else (lambda x, g, h0: kernel(x, g, initial_state=h0)[0])
+
+
+def competitors():
+    """name -> (fn, prepare(g, x, h0) -> inputs, float64 reference of those inputs, why missing)."""
+    fused, why_fla = _find(("fla.ops.hgrn", "fused_recurrent_hgrn"))
+    chunk, _ = _find(("fla.ops.hgrn", "chunk_hgrn"))
+    scan, why_acc = _find(("accelerated_scan.scalar", "scan"), ("accelerated_scan.triton", "scan"))
+    bdt = lambda t: t.transpose(1, 2).contiguous()  # noqa: E731
+    fla_ref = lambda x, g, h0: naive.linear_recurrence_naive(g.exp(), x, h0)  # noqa: E731
+    return {
+        "mingru.linear_recurrence": (mingru.linear_recurrence, lambda g, x, h0: (g.exp(), x, h0),
+                                     naive.linear_recurrence_naive, None),
+        "mingru.parallel_scan_log": (mingru.parallel_scan_log,
+                                     lambda g, x, h0: (g, torch.cat([h0.log()[:, None], x.log()], 1)),
+                                     naive.parallel_scan_log_naive, None),
+        "fla.fused_recurrent_hgrn": (_hgrn(fused), lambda g, x, h0: (x, g, h0), fla_ref, why_fla),
+        "fla.chunk_hgrn": (_hgrn(chunk), lambda g, x, h0: (x, g, h0), fla_ref, why_fla),
+        "accelerated_scan": (scan, lambda g, x, h0: (bdt(g.exp()), bdt(x)),
+                             lambda f, i: bdt(naive.linear_recurrence_naive(bdt(f), bdt(i))), why_acc),
+    }
+
+
+def race(name, entry, B, T, D, device, quick, runnable):
+    """Rows (fwd, fwd+bwd) of one competitor at one shape."""
+    fn, prepare, reference, why = entry
+    rows = [{"competitor": name, "B": B, "T": T, "D": D, "direction": d} for d in ("fwd", "fwd+bwd")]
+    if fn is None:
+        return [{**r, "us": None, "status": why} for r in rows]
+    if not runnable:
+        return [{**r, "us": None, "status": "skipped: Triton needs a GPU or TRITON_INTERPRET=1"} for r in rows]
+    g = -F.softplus(torch.randn(B, T, D, device=device))
+    x, h0 = F.softplus(torch.randn(B, T, D, device=device)), F.softplus(torch.randn(B, D, device=device))
+    job = cases.Job(name, fn, prepare(g, x, h0)).requiring_grad()
+    exact = cases.Job(name, reference, tuple(t.detach().double() for t in job.inputs)).requiring_grad()
+    want_out = cases.outputs(exact.fn, exact.inputs)
+    cot = cases.cotangents_for(want_out)
+    want_grads = torch.autograd.grad(want_out, exact.leaves, cot)
+    cot = tuple(c.float() for c in cot)
+    out = []
+    for row, direction in zip(rows, ("fwd", "fwd+bwd")):
+        try:
+            with scan_impl("triton"):
+                if direction == "fwd":
+                    got, want = cases.forward(job)[0], want_out
+                else:
+                    got, grads = cases.forward_backward(job, cot)
+                    got, want = got + grads, want_out + want_grads
+                err = cases.max_err(got, want)
+                if not cases.within(got, want, *GATE):
+                    out.append({**row, "us": None, "err": err, "status": f"wrong: max abs error {err:.2e} vs float64"})
+                    continue
+                c = None if direction == "fwd" else cot
+                us = median_us(lambda: cases.step(job, c), device, job.leaves if c else (), 2 if quick else 3)
+            out.append({**row, "us": us, "err": err, "status": "ok"})
+        except Exception as exc:  # noqa: BLE001  (a peer that rejects a shape is reported as such)
+            out.append({**row, "us": None, "status": failure(exc)})
+    return out
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    entries = {k: v for k, v in competitors().items() if keep(k)}
+    runnable = device.type == "cuda" or env["triton_interpret"]
+    todo = [(shape, name) for shape in (QUICK_SHAPES if quick else SHAPES) for name in entries]
+    progress = Progress("peers", len(todo))
+    rows = []
+    for (B, T, D), name in todo:
+        progress(f"{name} B{B}-T{T}-D{D}")
+        rows += race(name, entries[name], B, T, D, device, quick, runnable)
+    losses = _compare(rows)
+    meta = {
+        "gate": {"out_and_grad": GATE, "why": "float32 against the float64 sequential loop"},
+        "columns": ["competitor", "B", "T", "D", "direction", "us", "ours_x", "err", "status"],
+        "losses": losses,
+        "notes": ["ours_x = this competitor's time / our fastest op's time at the same shape and "
+                  "direction (above 1: we are faster)",
+                  "rows where a peer beats us: " + ("; ".join(losses) or "none")],
+    }
+    return rows, meta
+
+
+def _compare(rows):
+    best = {}
+    for r in rows:
+        if r["competitor"] in OURS and r["us"]:
+            key = (r["B"], r["T"], r["D"], r["direction"])
+            best[key] = min(best.get(key, r["us"]), r["us"])
+    losses = []
+    for r in rows:
+        ours = best.get((r["B"], r["T"], r["D"], r["direction"]))
+        r["ours_x"] = r["us"] / ours if ours and r["us"] else None
+        if r["competitor"] not in OURS and r["ours_x"] is not None and r["ours_x"] < 1:
+            losses.append(f"{r['competitor']} B{r['B']}-T{r['T']}-D{r['D']} {r['direction']}: "
+                          f"{1 / r['ours_x']:.2f}x faster than ours")
+    return losses

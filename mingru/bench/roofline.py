@@ -1,0 +1,87 @@
+"""Roofline: achieved GB/s of the diagonal Triton kernels against this run's copy bandwidth.
+
+Bytes are the minimum any implementation must move: forward reads every input once and writes
+every output once; backward reads the cotangents and the inputs once and writes one gradient per
+input. So fwd = in + out and fwd+bwd = 3 in + 2 out.
+"""
+import torch
+
+from mingru.bench import cases
+from mingru.bench.parity import SKIPPED, failure, gate
+from mingru.bench.timing import Progress, median_us, scan_impl
+
+NAME = "roofline"
+NAMED = ((16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024), (128, 64, 64), (16, 1024, 64))
+QUICK = ((1, 8, 4), (1, 32, 4), (2, 8, 8), (2, 32, 8))
+
+
+def grid(quick):
+    """(B, T, D): T from 64 to 16384 at B*D from 1K to 64K (at most 2^26 elements), plus NAMED."""
+    if quick:
+        return list(QUICK)
+    shapes = set(NAMED)
+    for T in (64, 256, 1024, 4096, 16384):
+        for BD in (2**10, 2**12, 2**14, 2**16):
+            if BD * T <= 2**26:
+                D = min(BD, 1024)
+                shapes.add((BD // D, T, D))
+    return sorted(shapes, key=lambda s: (s[0] * s[2], s[1]))
+
+
+def point(op, B, T, D, direction, device, copy_gbps, quick):
+    job = cases.make(op, {"B": B, "T": T, "D": D}, torch.float32, device)
+    run = job if direction == "fwd" else job.requiring_grad()
+    g = gate(op, torch.float32)
+    row = {"op": op, "B": B, "T": T, "D": D, "BD": B * D, "direction": direction}
+    inputs = [x for x in job.inputs if x is not None]
+    with torch.no_grad(), scan_impl("eager"):
+        outs = cases.outputs(job.fn, job.inputs)
+    cot = None if direction == "fwd" else cases.cotangents_for(outs)
+    row["bytes"] = cases.nbytes(inputs) + cases.nbytes(outs)
+    if cot is not None:
+        row["bytes"] += 2 * cases.nbytes(inputs) + cases.nbytes(outs)
+    status = "ok"
+    try:
+        with scan_impl("triton"):
+            got = cases.forward(run) if cot is None else cases.forward_backward(run, cot)
+        try:
+            with scan_impl("eager"):
+                want = cases.forward(run) if cot is None else cases.forward_backward(run, cot)
+            if not (cases.within(got[0], want[0], *g["out"]) and cases.within(got[1], want[1], *g["grad"])):
+                err = max(cases.max_err(got[0], want[0]), cases.max_err(got[1], want[1]))
+                return {**row, "us": None, "status": f"wrong: max abs error {err:.2e} vs eager"}
+        except torch.cuda.OutOfMemoryError:
+            # The eager Hillis-Steele reference keeps log2(T) full-size levels for its backward.
+            torch.cuda.empty_cache()
+            status = "ok (unchecked: the eager reference ran out of memory)"
+        got = want = None  # free both before timing
+        with scan_impl("triton"):
+            us = median_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), 2 if quick else 3)
+    except Exception as exc:  # noqa: BLE001  (a declined or crashed kernel becomes a row)
+        return {**row, "us": None, "status": failure(exc)}
+    gbps = row["bytes"] / us / 1e3
+    return {**row, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "status": status}
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    ops = [op for op in cases.DIAGONAL if keep(op)]
+    runnable = device.type == "cuda" or env["triton_interpret"]
+    todo = [(op, *shape, direction) for shape in grid(quick) for op in ops for direction in ("fwd", "fwd+bwd")]
+    progress = Progress("roofline", len(todo))
+    rows = []
+    for op, B, T, D, direction in todo if runnable else ():
+        progress(f"{op} B{B}-T{T}-D{D} {direction}")
+        rows.append(point(op, B, T, D, direction, device, env["copy_gbps"], quick))
+    if not runnable:
+        rows.append({"op": "all", "status": SKIPPED})
+    meta = {
+        "copy_gbps": env["copy_gbps"],
+        "bytes_method": "fwd: inputs read once + outputs written once; fwd+bwd adds cotangents "
+                        "read + inputs read + input gradients written once (3 in + 2 out), float32",
+        "columns": ["op", "B", "T", "D", "direction", "us", "gbps", "pct_copy", "status"],
+        "notes": [f"copy bandwidth measured in this run: {env['copy_gbps']:.0f} GB/s "
+                  f"({env['copy_method']})",
+                  "bytes: fwd = inputs + outputs; fwd+bwd = 3 x inputs + 2 x outputs (the minimum "
+                  "any implementation must move)"],
+    }
+    return rows, meta

@@ -1,0 +1,121 @@
+"""Speed: each op and mixer x {eager, torch.compile(eager), triton} x {fwd, fwd+bwd} x the seed's shapes.
+
+All competitors of a row run in this process on the same fresh inputs; each is checked against
+eager (the parity gates) before it is timed, and a competitor that fails, declines or disagrees
+is a status, never a number.
+"""
+import torch
+
+from mingru.bench import cases
+from mingru.bench.parity import SKIPPED, failure, gate
+from mingru.bench.timing import Progress, median_us, scan_impl
+
+NAME = "scan_bench"
+SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
+QUICK_SHAPES = {"lab": (2, 8)}
+WIDTH, QUICK_WIDTH = 64, 8
+DIRECTIONS = ("fwd", "fwd+bwd")
+
+
+def subjects(width):
+    """The seed's ops at hidden width `width` (n = width / k blocks), the states-only ops, the mixers."""
+    yield "linear_scan", dict(D=width)
+    yield "linear_recurrence", dict(D=width)
+    yield "parallel_scan_log", dict(D=width)
+    yield "matrix_scan", dict(n=width // 2)
+    yield "matrix_affine_scan", dict(n=width // 8, k=8, v=1)
+    yield "matrix_recurrence", dict(n=width // 8, k=8, v=1)    # GivensMinGRU's generic path
+    yield "rotation_recurrence", dict(n=width // 8, k=8, L=6)  # GivensMinGRU's fused path
+    yield "rotation_recurrence", dict(n=width // 2, k=2, L=1)  # RotationMinGRU's fused path
+    for mixer in cases.MIXERS:
+        yield mixer, dict(d=width)
+
+
+def _compiled(fn, backend):
+    # A fresh dynamo cache per subject: every compiled op shares few code objects, and hitting
+    # the recompile limit would silently run eager.
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend)
+
+
+def competitor(job, fn, cot, want, g, mode, device, reps):
+    """Check fn against eager's (outputs, grads), then time it: (µs, max error, status)."""
+    try:
+        with scan_impl(mode):
+            got = cases.forward(job, fn) if cot is None else cases.forward_backward(job, cot, fn)
+            err = max(cases.max_err(got[0], want[0]), cases.max_err(got[1], want[1]))
+            if not (cases.within(got[0], want[0], *g["out"]) and cases.within(got[1], want[1], *g["grad"])):
+                return None, err, f"wrong: max abs error {err:.2e} vs eager"
+            grads = job.leaves if cot is not None else ()
+            return median_us(lambda: cases.step(job, cot, fn), device, grads, reps), err, "ok"
+    except Exception as exc:  # noqa: BLE001  (compile errors come in many types; each becomes a row)
+        return None, None, failure(exc)
+
+
+def measure_subject(name, dims, shape, device, quick, env, backend):
+    job = cases.make(name, dims, torch.float32, device)
+    g = gate(name, torch.float32)
+    compiled = _compiled(job.fn, backend)
+    reps = 1 if quick else 3
+    triton_ok = device.type == "cuda" or env["triton_interpret"]
+    rows = []
+    for direction in DIRECTIONS:
+        run = job if direction == "fwd" else job.requiring_grad()
+        with scan_impl("eager"):
+            if direction == "fwd":
+                want, cot = cases.forward(run), None
+            else:
+                outs = cases.outputs(run.fn, run.inputs)
+                cot = cases.cotangents_for(outs)
+                want = cases.forward_backward(run, cot)
+            eager_us = median_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), reps)
+        row = {"op": name, "shape": shape, "dims": cases.label(dims), "B": dims["B"], "T": dims["T"],
+               "direction": direction, "dtype": "float32", "eager_us": eager_us}
+        row["compile_us"], _, compile_status = competitor(run, compiled, cot, want, g, "eager", device, reps)
+        if triton_ok:
+            row["triton_us"], row["triton_err"], triton_status = competitor(
+                run, run.fn, cot, want, g, "triton", device, reps)
+        else:
+            row["triton_us"], triton_status = None, SKIPPED
+        row["compile_x"] = _ratio(eager_us, row["compile_us"])
+        row["triton_x"] = _ratio(eager_us, row["triton_us"])
+        row["triton_vs_compile"] = _ratio(row["compile_us"], row["triton_us"])
+        bad = [f"{who} {s}" for who, s in (("compile", compile_status), ("triton", triton_status))
+               if s != "ok"]
+        row["status"] = "; ".join(bad) or "ok"
+        rows.append(row)
+    return rows
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
+    backend = "eager" if device.type == "cpu" else "inductor"
+    todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
+            for name, dims in subjects(width) if keep(name)]
+    progress = Progress("speed", len(todo))
+    rows = []
+    for name, dims, shape in todo:
+        progress(f"{name} {cases.label(dims)}")
+        rows += measure_subject(name, dims, shape, device, quick, env, backend)
+    slower = [f"{r['op']} {r['dims']} {r['direction']}: triton {r['triton_x']:.2f}x eager"
+              for r in rows if r["triton_x"] is not None and r["triton_x"] < 1]
+    meta = {
+        "compile_backend": backend,
+        "method": ("median of triton.testing.do_bench (warm-up, CUDA events, L2 flushed between "
+                   "reps) on fresh random non-zero float32 inputs; fwd = inference under no_grad, "
+                   "fwd+bwd = forward + backward of random cotangents on every output into .grad "
+                   "(grads reset each rep); every competitor checked against eager with the parity "
+                   "gates before timing" if device.type == "cuda" else
+                   "CPU smoke run: wall-clock medians of a few calls, not GPU numbers"),
+        "columns": ["op", "shape", "dims", "direction", "eager_us", "compile_us", "triton_us",
+                    "compile_x", "triton_x", "triton_vs_compile", "status"],
+        "notes": ["*_x = eager time / that competitor's time (higher is faster); "
+                  "triton_vs_compile = compile time / triton time",
+                  f"torch.compile backend: {backend} (of the eager path, MINGRU_SCAN=eager)",
+                  "rows where triton is slower than eager: " + ("; ".join(slower) or "none")],
+    }
+    return rows, meta

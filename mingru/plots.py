@@ -1,0 +1,216 @@
+"""Figures and tables drawn from results/*.json only, so anyone can regenerate them.
+
+`draw(name)` writes the PNGs of one result file into results/figures/; `results_table(name)` returns
+its Markdown table (pandas-free) for a notebook to display. Figures are matplotlib Figure objects
+built without pyplot, so they render inline in notebooks and save headless anywhere.
+"""
+from collections import defaultdict
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from mingru.bench import report
+
+TINY = 1e-12  # log axes cannot show an exact zero error
+
+
+def load(name, results_dir="results"):
+    path = Path(name)
+    return report.load(path if path.suffix == ".json" else Path(results_dir) / f"{name}.json")
+
+
+def results_table(name, results_dir="results", columns=None):
+    """The Markdown page of a result file (title, environment line, notes, table)."""
+    data = name if isinstance(name, dict) else load(name, results_dir)
+    return report.render(data, columns)
+
+
+def _where(data):
+    env = data["env"]
+    return "CPU smoke run, not GPU numbers" if env.get("smoke") else (env.get("gpu") or "CPU")
+
+
+def _ok(rows, key):
+    return [r for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def speedup(data):
+    """Bars of eager time / competitor time per op, one panel per shape, log scale."""
+    rows = _ok(data["rows"], "eager_us")
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig = Figure(figsize=(14, 4.2 * max(len(shapes), 1)), layout="constrained")
+    series = [("compile_x", "fwd"), ("compile_x", "fwd+bwd"), ("triton_x", "fwd"), ("triton_x", "fwd+bwd")]
+    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d"]
+    for i, shape in enumerate(shapes):
+        ax = fig.add_subplot(len(shapes), 1, i + 1)
+        ops = list(dict.fromkeys(r["op"] for r in rows if r["shape"] == shape))
+        width = 0.8 / len(series)
+        for j, ((key, direction), color) in enumerate(zip(series, colors)):
+            value = {r["op"]: r.get(key) for r in rows if r["shape"] == shape and r["direction"] == direction}
+            xs = [o + (j - 1.5) * width for o in range(len(ops))]
+            ax.bar(xs, [value.get(op) or 0 for op in ops], width, color=color,
+                   label=f"{key[:-2]} {direction}")
+        ax.axhline(1, color="black", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(ops)), [f"{op}\n{_dims(rows, op, shape)}" for op in ops],
+                      rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("speedup over eager (x, log)")
+        ax.set_title(f"{shape}: speedup over eager PyTorch, {_where(data)}")
+        ax.legend(fontsize=8, ncol=4)
+    return fig
+
+
+def _dims(rows, op, shape):
+    return next((r["dims"] for r in rows if r["op"] == op and r["shape"] == shape), "")
+
+
+def _roofline_grid(data, key, ylabel, title, copy_line):
+    rows = _ok(data["rows"], key)
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig = Figure(figsize=(12, 3.6 * max(len(ops), 1)), layout="constrained")
+    for i, op in enumerate(ops):
+        for j, direction in enumerate(("fwd", "fwd+bwd")):
+            ax = fig.add_subplot(len(ops), 2, 2 * i + j + 1)
+            lines = defaultdict(list)
+            for r in rows:
+                if r["op"] == op and r["direction"] == direction:
+                    lines[r["BD"]].append((r["T"], r[key]))
+            for bd, points in sorted(lines.items()):
+                points.sort()
+                ax.plot(*zip(*points), marker="o", ms=3, label=f"B·D = {bd}")
+            if copy_line:
+                ax.axhline(data["env"]["copy_gbps"], color="black", ls="--", lw=1, label="copy bandwidth")
+            else:
+                ax.set_yscale("log")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length T")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{op} {direction}", fontsize=10)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{title}, {_where(data)}")
+    return fig
+
+
+def bandwidth(data):
+    """Achieved GB/s against T, one line per B·D, with this run's copy bandwidth."""
+    return _roofline_grid(data, "gbps", "achieved GB/s (minimum bytes)", "Triton bandwidth vs T", True)
+
+
+def time_vs_T(data):
+    """Triton time against T (log-log): a linear-time scan is a straight line of slope 1."""
+    return _roofline_grid(data, "us", "time per call (µs, log)", "Triton time vs T", False)
+
+
+def _memory_key(rows):
+    return "peak_mb" if _ok(rows, "peak_mb") else "saved_mb"
+
+
+def memory_vs_T(data):
+    rows = [r for r in data["rows"] if r.get("case") == "vs-T"]
+    key = _memory_key(rows)
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    lines = defaultdict(list)
+    for r in _ok(rows, key):
+        lines[(r["mixer"], r["impl"])].append((r["T"], r[key]))
+    for (mixer, impl), points in sorted(lines.items()):
+        points.sort()
+        ax.plot(*zip(*points), marker="o", ms=3, ls="-" if impl == "triton" else ":", label=f"{mixer} {impl}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("peak allocated (MiB, log)" if key == "peak_mb" else "saved for backward (MiB, log)")
+    ax.set_title(f"Memory of forward + backward vs T, {_where(data)}")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def memory_lab(data):
+    rows = [r for r in data["rows"] if r.get("case") == "lab"]
+    key = _memory_key(rows)
+    rows = _ok(rows, key)
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    labels = [f"{r['mixer']}\n{r['impl']}" for r in rows]
+    ax.bar(range(len(rows)), [r[key] for r in rows], color=["#e6550d" if "fused" in r["mixer"] else "#3182bd"
+                                                            for r in rows])
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("peak allocated (MiB)" if key == "peak_mb" else "saved for backward (MiB)")
+    dims = f"B={rows[0]['B']}, T={rows[0]['T']}, d={rows[0]['d']}" if rows else ""
+    ax.set_title(f"Fused vs generic forward + backward, {dims}, {_where(data)}")
+    return fig
+
+
+def parity_worst(data):
+    """Worst output and gradient error per op and dtype (log), with the gate's atol as a tick."""
+    rows = _ok(data["rows"], "out_err")
+    fig = Figure(figsize=(13, 7), layout="constrained")
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    for i, (key, gate, what) in enumerate((("out_err", "out_gate", "outputs"), ("grad_err", "grad_gate", "gradients"))):
+        ax = fig.add_subplot(2, 1, i + 1)
+        width = 0.8 / max(len(dtypes), 1)
+        for j, dtype in enumerate(dtypes):
+            worst, atol = {}, {}
+            for r in rows:
+                if r["dtype"] == dtype and isinstance(r.get(key), float):
+                    worst[r["op"]] = max(worst.get(r["op"], 0.0), r[key])
+                    atol[r["op"]] = float(r[gate].split("/")[0])
+            xs = [o + (j - (len(dtypes) - 1) / 2) * width for o in range(len(ops))]
+            ax.bar(xs, [max(worst.get(op, 0.0), TINY) for op in ops], width, label=f"{dtype} worst error")
+            ax.scatter(xs, [atol.get(op, float("nan")) for op in ops], marker="_", s=200, color="black",
+                       label="gate atol" if j == 0 else None, zorder=3)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(ops)), ops, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel(f"max |triton - eager|, {what}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Parity with eager, worst row per op ({len(data['rows'])} rows), {_where(data)}")
+    return fig
+
+
+def peers_time(data):
+    rows = _ok(data["rows"], "us")
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["D"]) for r in rows))
+    names = list(dict.fromkeys(r["competitor"] for r in data["rows"]))
+    for i, direction in enumerate(("fwd", "fwd+bwd")):
+        ax = fig.add_subplot(2, 1, i + 1)
+        width = 0.8 / max(len(names), 1)
+        for j, name in enumerate(names):
+            us = {(r["B"], r["T"], r["D"]): r["us"] for r in rows
+                  if r["competitor"] == name and r["direction"] == direction}
+            xs = [s + (j - (len(names) - 1) / 2) * width for s in range(len(shapes))]
+            ax.bar(xs, [us.get(shape, 0) for shape in shapes], width, label=name)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
+        ax.set_ylabel(f"{direction} time (µs, log)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"h_t = exp(g_t) h_(t-1) + x_t against peers (missing bars: see the table), {_where(data)}")
+    return fig
+
+
+FIGURES = {
+    "scan_bench": {"speedup": speedup},
+    "roofline": {"bandwidth": bandwidth, "time": time_vs_T},
+    "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
+    "scan_parity": {"worst": parity_worst},
+    "peers": {"time": peers_time},
+}
+
+
+def draw(name, results_dir="results"):
+    """Write the PNGs of results/<name>.json into results/figures/; return their paths."""
+    data = load(name, results_dir)
+    out = Path(results_dir) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for figure, build in FIGURES.get(name, {}).items():
+        path = out / f"{name}_{figure}.png"
+        build(data).savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def draw_all(results_dir="results"):
+    return [p for name in FIGURES if (Path(results_dir) / f"{name}.json").exists()
+            for p in draw(name, results_dir)]
