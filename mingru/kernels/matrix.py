@@ -1,0 +1,605 @@
+"""Triton kernels for the k x k recurrence: matrix_affine_scan, matrix_scan, matrix_recurrence.
+
+All three walk S_t = A_t S_{t-1} + X_t along time, one lane per (b, n), the state in registers
+as two blocks that share every transition A_t:
+  P (k x k)  prefix product Abar_t = A_t ... A_1, from I, no injection (the scans only);
+  H (k x v)  Bbar_t, or the states h_t of matrix_recurrence, from 0 or h0, injection X_t.
+matrix_scan is the k=2, v=1 instance. The backward is the same walk in reverse time on the adjoint
+  lam_t = g_t + A_{t+1}^T lam_{t+1},  dX_t = lam^H_t,  dA_t = lam_t S_{t-1}^T,  dh0 = A_1^T lam_1,
+and reads only the forward's inputs and outputs (no saved intermediates, no division).
+
+Layout (`plan`): a program owns BLOCK_N lanes and walks one time chunk. With one chunk that is
+the whole sequence. With several, a first pass writes each chunk's aggregate (its own product
+and offset), a carry pass runs the same forward kernel over the short sequence of aggregates,
+and the second pass re-walks every chunk from its carry. The backward is split the same way.
+"""
+import contextlib
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from mingru.dispatch import interpreting
+from mingru.kernels.common import BLOCK_SIZES, dot_precision, next_pow2, require, require_dtype
+
+# PMODE, how the k x k block of the forward walk behaves:
+NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
+PROD: tl.constexpr = tl.constexpr(1)    # prefix product: starts at I, no injection
+ADJ: tl.constexpr = tl.constexpr(2)     # adjoint carry of the backward: starts at 0, injected
+
+
+# ---- jitted building blocks ---------------------------------------------------------------
+
+@triton.jit
+def _zeros(BN: tl.constexpr, R: tl.constexpr, C: tl.constexpr, F64: tl.constexpr):
+    if F64:
+        z = tl.zeros([BN, R, C], tl.float64)
+    else:
+        z = tl.zeros([BN, R, C], tl.float32)
+    return z
+
+
+@triton.jit
+def _eye(BN: tl.constexpr, K: tl.constexpr, F64: tl.constexpr):
+    r = tl.arange(0, K)
+    return _zeros(BN, K, K, F64) + tl.where(r[:, None] == r[None, :], 1.0, 0.0)[None, :, :]
+
+
+@triton.jit
+def _tile(ptr, sb, sn, b, i, R: tl.constexpr, C: tl.constexpr):
+    """Pointers to every lane's R x C block at t = 0 (inner dims dense, row-major)."""
+    inner = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    return ptr + (b * sb + i * sn)[:, None, None] + inner[None, :, :]
+
+
+@triton.jit
+def _blk(x):
+    """A scalar as a [1,1,1] block: the interpreter rejects masks that mix blocks and scalars."""
+    return x + tl.zeros([1, 1, 1], tl.int32)
+
+
+@triton.jit
+def _load(tile, t, st, mask, F64: tl.constexpr):
+    x = tl.load(tile + t * st, mask=mask, other=0.0)
+    if F64:
+        y = x.to(tl.float64)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _store(tile, t, st, x, mask):
+    tl.store(tile + t * st, x.to(tile.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mm(a, s, TRANS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """a @ s for every lane (a^T @ s if TRANS); a [BN,K,K], s [BN,K,W].
+
+    Below k=16 a broadcast product summed in registers is exact fp32; tl.dot needs every dim
+    >= 16 and, on float32, would round through TF32 unless PREC says "ieee".
+    """
+    if DOT:
+        if TRANS:
+            a = tl.permute(a, (0, 2, 1))
+        y = tl.dot(a, s, input_precision=PREC)
+    elif TRANS:
+        y = tl.sum(a[:, :, :, None] * s[:, :, None, :], axis=1)
+    else:
+        y = tl.sum(a[:, :, :, None] * s[:, None, :, :], axis=2)
+    return y
+
+
+@triton.jit
+def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
+    """x @ y^T for every lane; x, y [BN,K,W] -> [BN,K,K]."""
+    if DOT:
+        z = tl.dot(x, tl.permute(y, (0, 2, 1)), input_precision=PREC)
+    else:
+        z = tl.sum(x[:, :, None, :] * y[:, None, :, :], axis=3)
+    return z
+
+
+# ---- forward: S_t = A_t S_{t-1} + X_t ------------------------------------------------------
+
+@triton.jit
+def _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t, end, live, eye,
+              PMODE: tl.constexpr, F64: tl.constexpr):
+    ok = _blk(t) < end  # steps past the chunk are the identity (I, 0)
+    a = tl.where(ok, _load(a_tile, t, a_st, live & ok, F64), eye)
+    xh = _load(xh_tile, t, xh_st, live & ok, F64)
+    xp = 0.0
+    if PMODE == ADJ:
+        xp = _load(xp_tile, t, xp_st, live & ok, F64)
+    return a, xp, xh
+
+
+@triton.jit
+def _fwd_step(P, H, a, xp, xh, t, end, op_tile, op_st, oh_tile, oh_st, live,
+              PMODE: tl.constexpr, STORE: tl.constexpr, DOT_P: tl.constexpr, DOT_H: tl.constexpr,
+              PREC: tl.constexpr):
+    if PMODE != NO_P:
+        P = _mm(a, P, False, DOT_P, PREC) + xp
+    H = _mm(a, H, False, DOT_H, PREC) + xh
+    if STORE:
+        ok = live & (_blk(t) < end)
+        if PMODE != NO_P:
+            _store(op_tile, t, op_st, P, ok)
+        _store(oh_tile, t, oh_st, H, ok)
+    return P, H
+
+
+@triton.jit
+def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_st, xh_sn,
+                    H0, h0_sb, h0_sn, CP, cp_sb, cp_st, cp_sn, CH, ch_sb, ch_st, ch_sn,
+                    OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn, NL, L, T, CHUNK,
+                    K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, PMODE: tl.constexpr,
+                    HAS_H0: tl.constexpr, HAS_CARRY: tl.constexpr, LAST_ONLY: tl.constexpr,
+                    UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+                    DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Walk chunk program_id(1) of BN lanes. LAST_ONLY writes only the final state, at row c."""
+    lane = tl.program_id(0) * BN + tl.arange(0, BN)
+    live = (lane < L)[:, None, None]
+    b = (lane // NL).to(tl.int64)
+    i = (lane % NL).to(tl.int64)
+    c = tl.program_id(1)
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, T)
+    eye = _eye(BN, K, F64)
+    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
+    xp_tile = _tile(XP, xp_sb, xp_sn, b, i, K, K)
+    xh_tile = _tile(XH, xh_sb, xh_sn, b, i, K, V)
+    op_tile = _tile(OP, op_sb, op_sn, b, i, K, K)
+    oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
+
+    H = _zeros(BN, K, V, F64)
+    if HAS_H0:
+        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, F64)
+    P = 0.0
+    if PMODE == PROD:
+        P = eye
+    if PMODE == ADJ:
+        P = _zeros(BN, K, K, F64)
+    if HAS_CARRY:  # the carry pass wrote the state after chunk c-1 at row c-1
+        has = _blk(c) > 0
+        prev = tl.maximum(c - 1, 0)
+        H = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), prev, ch_st, live & has, F64), H)
+        if PMODE != NO_P:
+            P = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), prev, cp_st, live & has, F64), P)
+
+    # UNROLL steps per iteration: their loads do not depend on the state, so all are issued
+    # before the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
+    for t0 in tl.range(start, end, UNROLL, num_stages=STAGES):
+        a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, PMODE, F64)
+        if UNROLL >= 2:
+            a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 1, end, live, eye,
+                                     PMODE, F64)
+        if UNROLL >= 4:
+            a2, xp2, xh2 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 2, end, live, eye,
+                                     PMODE, F64)
+            a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
+                                     PMODE, F64)
+        P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
+                         PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+        if UNROLL >= 2:
+            P, H = _fwd_step(P, H, a1, xp1, xh1, t0 + 1, end, op_tile, op_st, oh_tile, oh_st, live,
+                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+        if UNROLL >= 4:
+            P, H = _fwd_step(P, H, a2, xp2, xh2, t0 + 2, end, op_tile, op_st, oh_tile, oh_st, live,
+                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+            P, H = _fwd_step(P, H, a3, xp3, xh3, t0 + 3, end, op_tile, op_st, oh_tile, oh_st, live,
+                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+    if LAST_ONLY:
+        if PMODE != NO_P:
+            _store(op_tile, c, op_st, P, live)
+        _store(oh_tile, c, oh_st, H, live)
+
+
+# ---- backward: lam_t = g_t + A_{t+1}^T lam_{t+1}, walked from the end -----------------------
+
+@triton.jit
+def _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st, h_init,
+              t, start, T, live, eye, HAS_P: tl.constexpr, GRADS: tl.constexpr, F64: tl.constexpr):
+    tt = _blk(t)
+    ok = tt >= start  # steps before the chunk are the identity
+    a = tl.where(ok, _load(a_tile, t + 1, a_st, live & ok & (tt + 1 < T), F64), eye)  # A_T = 0
+    gh = _load(gh_tile, t, gh_st, live & ok, F64)
+    gp = 0.0
+    sp = 0.0
+    sh = 0.0
+    if HAS_P:
+        gp = _load(gp_tile, t, gp_st, live & ok, F64)
+    if GRADS:  # the state before step t: S_{t-1}, or the initial [I | h0] at t = 0
+        has_prev = ok & (tt >= 1)
+        sh = tl.where(tt >= 1, _load(sh_tile, t - 1, sh_st, live & has_prev, F64), h_init)
+        if HAS_P:
+            sp = tl.where(tt >= 1, _load(sp_tile, t - 1, sp_st, live & has_prev, F64), eye)
+    return a, gp, gh, sp, sh
+
+
+@triton.jit
+def _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, dx_st, live,
+              HAS_P: tl.constexpr, GRADS: tl.constexpr, DOT_P: tl.constexpr, DOT_H: tl.constexpr,
+              PREC: tl.constexpr):
+    LH = _mm(a, LH, True, DOT_H, PREC) + gh
+    if HAS_P:
+        LP = _mm(a, LP, True, DOT_P, PREC) + gp
+    if GRADS:
+        ok = live & (_blk(t) >= start)
+        _store(dx_tile, t, dx_st, LH, ok)
+        dA = _mm_nt(LH, sh, DOT_H, PREC)
+        if HAS_P:
+            dA += _mm_nt(LP, sp, DOT_P, PREC)
+        _store(da_tile, t, da_st, dA, ok)
+    else:  # the chunk's aggregate also needs the product of its transposed transitions
+        M = _mm(a, M, True, DOT_P, PREC)
+    return M, LP, LH
+
+
+@triton.jit
+def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
+                     SP, sp_sb, sp_st, sp_sn, SH, sh_sb, sh_st, sh_sn, H0, h0_sb, h0_sn,
+                     CP, cp_sb, cp_st, cp_sn, CH, ch_sb, ch_st, ch_sn,
+                     DA, da_sb, da_st, da_sn, DX, dx_sb, dx_st, dx_sn, DH0, dh0_sb, dh0_sn,
+                     OM, om_sb, om_st, om_sn, OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn,
+                     NL, L, T, CHUNK, NCHUNK,
+                     K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, HAS_P: tl.constexpr,
+                     HAS_H0: tl.constexpr, HAS_CARRY: tl.constexpr, GRADS: tl.constexpr,
+                     UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Walk chunk c backwards. GRADS writes dA, dX (and dh0); otherwise the chunk's aggregate
+    lam_start = M lam_end + y goes to row NCHUNK-1-c (reversed, so the carry pass runs forward)."""
+    lane = tl.program_id(0) * BN + tl.arange(0, BN)
+    live = (lane < L)[:, None, None]
+    b = (lane // NL).to(tl.int64)
+    i = (lane % NL).to(tl.int64)
+    c = tl.program_id(1)
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, T)
+    eye = _eye(BN, K, F64)
+    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
+    gp_tile = _tile(GP, gp_sb, gp_sn, b, i, K, K)
+    gh_tile = _tile(GH, gh_sb, gh_sn, b, i, K, V)
+    sp_tile = _tile(SP, sp_sb, sp_sn, b, i, K, K)
+    sh_tile = _tile(SH, sh_sb, sh_sn, b, i, K, V)
+    da_tile = _tile(DA, da_sb, da_sn, b, i, K, K)
+    dx_tile = _tile(DX, dx_sb, dx_sn, b, i, K, V)
+
+    LH = _zeros(BN, K, V, F64)
+    LP = 0.0
+    if HAS_P:
+        LP = _zeros(BN, K, K, F64)
+    M = 0.0
+    if not GRADS:
+        M = eye
+    if HAS_CARRY:  # lam at the first step of chunk c+1, written by the carry pass at row NCHUNK-2-c
+        has = _blk(c) < NCHUNK - 1
+        row = tl.maximum(NCHUNK - 2 - c, 0)
+        LH = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), row, ch_st, live & has, F64), LH)
+        if HAS_P:
+            LP = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), row, cp_st, live & has, F64), LP)
+    h_init = _zeros(BN, K, V, F64)
+    if HAS_H0:
+        h_init = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, F64)
+
+    for j0 in tl.range(0, end - start, UNROLL, num_stages=STAGES):
+        t0 = end - 1 - j0
+        a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, HAS_P, GRADS, F64)
+        if UNROLL >= 2:
+            a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
+                                               HAS_P, GRADS, F64)
+        if UNROLL >= 4:
+            a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
+                                               HAS_P, GRADS, F64)
+            a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
+                                               HAS_P, GRADS, F64)
+        M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
+                              live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+        if UNROLL >= 2:
+            M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+        if UNROLL >= 4:
+            M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+            M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+
+    if GRADS:
+        if HAS_H0:  # dh0 = A_1^T lam_1, from the program that walked t = 0
+            first = live & (_blk(c) == 0)
+            a = _load(a_tile, 0, a_st, first, F64)
+            _store(_tile(DH0, dh0_sb, dh0_sn, b, i, K, V), 0, 0, _mm(a, LH, True, DOT_H, PREC), first)
+    else:
+        row = NCHUNK - 1 - c
+        _store(_tile(OM, om_sb, om_sn, b, i, K, K), row, om_st, M, live)
+        if HAS_P:
+            _store(_tile(OP, op_sb, op_sn, b, i, K, K), row, op_st, LP, live)
+        _store(_tile(OH, oh_sb, oh_sn, b, i, K, V), row, oh_st, LH, live)
+
+
+# ---- layout -------------------------------------------------------------------------------
+
+class Plan(NamedTuple):
+    block_n: int     # lanes per program
+    chunk: int       # time steps per program (>= T: one sequential walk)
+    num_warps: int
+    unroll: int      # steps whose loads are issued together (1, 2 or 4)
+    stages: int      # num_stages of the time loop (1: no pipelining by Triton)
+
+
+PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
+MIN_CHUNK = 32               # a chunk pays a first pass and a carry step: keep it long
+PROGRAMS_PER_SM = 4
+
+_forced = {}
+
+
+@contextlib.contextmanager
+def forced_plan(**fields):
+    """Override fields of every `plan` inside the block (tests force the T-split, the probe times variants)."""
+    global _forced
+    old, _forced = _forced, {**_forced, **fields}
+    try:
+        yield
+    finally:
+        _forced = old
+
+
+def _sm_count(device):
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(lanes, T, k, width, device):
+    """Layout of a walk over `lanes` states of k x `width` columns along T steps.
+
+    Rule: BLOCK_N = the most lanes (a power of two, <= 128) whose broadcast products fit
+    PRODUCTS_PER_PROGRAM. The walk is latency-bound (each step waits on the previous one and on
+    its loads; the seed measured ~0.43 us a step), so time, not bandwidth, is the cost: when the
+    lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 2 * MIN_CHUNK, T
+    is cut into chunks of >= MIN_CHUNK steps until they do (two passes + a carry pass).
+    """
+    block_n = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    unroll = 4
+    chunk = T
+    blocks = triton.cdiv(lanes, block_n)
+    want = PROGRAMS_PER_SM * _sm_count(device)
+    if blocks < want and T >= 2 * MIN_CHUNK:
+        n_chunks = min(triton.cdiv(want, blocks), T // MIN_CHUNK)
+        chunk = triton.cdiv(triton.cdiv(T, n_chunks), unroll) * unroll
+    return Plan(block_n, chunk, 4, unroll, 1)._replace(**_forced)
+
+
+def _pow2_floor(n):
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+# ---- launches -----------------------------------------------------------------------------
+
+def _dense(x):
+    """Inner two dims dense row-major (any outer strides, broadcasts included); copy otherwise."""
+    rows, cols = x.shape[-2:]
+    if (x.stride(-1) == 1 or cols == 1) and (x.stride(-2) == cols or rows == 1):
+        return x
+    return x.contiguous()
+
+
+def _seq(x):
+    """A (B, T, n, R, C) tensor as kernel arguments: pointer and its b, t, n strides."""
+    return (x, x.stride(0), x.stride(1), x.stride(2))
+
+
+def _per_lane(x):
+    """A (B, n, R, C) tensor (h0, dh0) as kernel arguments."""
+    return (x, x.stride(0), x.stride(1))
+
+
+def _rows(n_rows, B, n, R, C, like):
+    """Chunk aggregates or carries, (B, n_rows, n, R, C), row-major so each row is contiguous."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return torch.empty(n_rows, B, n, R, C, dtype=dtype, device=like.device).transpose(0, 1)
+
+
+def _consts(k, v, lay, f64):
+    dot = k >= 16 and not f64
+    return dict(K=k, V=v, BN=lay.block_n, UNROLL=lay.unroll, STAGES=lay.stages, F64=f64,
+                DOT_P=dot, DOT_H=dot and v >= 16, PREC=dot_precision(), num_warps=lay.num_warps)
+
+
+def _forward(A, X, h0, H, P):
+    """Fill H (and P, the prefix products, if given) with the walk from h0 (zeros if None)."""
+    B, T, n, k, _ = A.shape
+    v = X.shape[-1]
+    lay = plan(B * n, T, k, v + (k if P is not None else 0), A.device)
+    const = _consts(k, v, lay, A.dtype == torch.float64)
+    n_chunks = triton.cdiv(T, lay.chunk)
+    blocks = triton.cdiv(B * n, lay.block_n)
+    none, pmode = (A, 0, 0, 0), (PROD if P is not None else NO_P).value
+    init = _per_lane(h0) if h0 is not None else (A, 0, 0)
+    out_p = _seq(P) if P is not None else none
+    carry = (none, none)
+    kernel = wrap_triton(_forward_kernel)
+    if n_chunks > 1:
+        agg_p, agg_h = _rows(n_chunks, B, n, k, k, A), _rows(n_chunks, B, n, k, v, A)
+        kernel[(blocks, n_chunks)](*_seq(A), *none, *_seq(X), A, 0, 0, *none, *none, *_seq(agg_p), *_seq(agg_h),
+                                   n, B * n, T, lay.chunk, PMODE=PROD.value, HAS_H0=False, HAS_CARRY=False,
+                                   LAST_ONLY=True, **const)
+        car_p = _rows(n_chunks, B, n, k, k, A) if P is not None else None
+        car_h = _rows(n_chunks, B, n, k, v, A)
+        carry = (_seq(car_p) if P is not None else none, _seq(car_h))
+        kernel[(blocks, 1)](*_seq(agg_p), *none, *_seq(agg_h), *init, *none, *none, *carry[0], *carry[1],
+                            n, B * n, n_chunks, n_chunks, PMODE=pmode, HAS_H0=h0 is not None, HAS_CARRY=False,
+                            LAST_ONLY=False, **const)
+    kernel[(blocks, n_chunks)](*_seq(A), *none, *_seq(X), *init, *carry[0], *carry[1], *out_p, *_seq(H),
+                               n, B * n, T, lay.chunk, PMODE=pmode, HAS_H0=h0 is not None,
+                               HAS_CARRY=n_chunks > 1, LAST_ONLY=False, **const)
+
+
+def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
+    """Fill dA, dX (and dh0) from the cotangents gH (and gP of the prefix products, if P is given)."""
+    B, T, n, k, _ = A.shape
+    v = H.shape[-1]
+    has_p = P is not None
+    lay = plan(B * n, T, k, v + k + (k if has_p else 0), A.device)
+    const = _consts(k, v, lay, A.dtype == torch.float64)
+    n_chunks = triton.cdiv(T, lay.chunk)
+    blocks = triton.cdiv(B * n, lay.block_n)
+    none = (A, 0, 0, 0)
+    p_args = (_seq(P), _seq(gP)) if has_p else (none, none)
+    init = _per_lane(h0) if h0 is not None else (A, 0, 0)
+    carry = (none, none)
+    if n_chunks > 1:
+        agg_m, agg_h = _rows(n_chunks, B, n, k, k, A), _rows(n_chunks, B, n, k, v, A)
+        agg_p = _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none
+        wrap_triton(_backward_kernel)[(blocks, n_chunks)](
+            *_seq(A), *p_args[1], *_seq(gH), *none, *none, A, 0, 0, *none, *none, *none, *none, A, 0, 0,
+            *_seq(agg_m), *agg_p, *_seq(agg_h), n, B * n, T, lay.chunk, n_chunks,
+            HAS_P=has_p, HAS_H0=False, HAS_CARRY=False, GRADS=False, **const)
+        # lam at each chunk start: the forward kernel over the reversed aggregates (M, y) from 0
+        car_p = _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none
+        car_h = _seq(_rows(n_chunks, B, n, k, v, A))
+        wrap_triton(_forward_kernel)[(blocks, 1)](
+            *_seq(agg_m), *agg_p, *_seq(agg_h), A, 0, 0, *none, *none, *car_p, *car_h,
+            n, B * n, n_chunks, n_chunks, PMODE=(ADJ if has_p else NO_P).value, HAS_H0=False,
+            HAS_CARRY=False, LAST_ONLY=False, **const)
+        carry = (car_p, car_h)
+    wrap_triton(_backward_kernel)[(blocks, n_chunks)](
+        *_seq(A), *p_args[1], *_seq(gH), *p_args[0], *_seq(H), *init, *carry[0], *carry[1],
+        *_seq(dA), *_seq(dX), *(_per_lane(dh0) if h0 is not None else (A, 0, 0)), *none, *none, *none,
+        n, B * n, T, lay.chunk, n_chunks, HAS_P=has_p, HAS_H0=h0 is not None, HAS_CARRY=n_chunks > 1,
+        GRADS=True, **const)
+
+
+def _grad(g, like):
+    return torch.zeros_like(like) if g is None else _dense(g)
+
+
+# ---- matrix_affine_scan -------------------------------------------------------------------
+
+@triton_op("mingru::matrix_affine_scan", mutates_args=())
+def _matrix_affine_scan(A: torch.Tensor, Bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    A, Bm = _dense(A), _dense(Bm)
+    Abar, Bbar = A.new_empty(A.shape), A.new_empty(Bm.shape)
+    _forward(A, Bm, None, Bbar, Abar)
+    return Abar, Bbar
+
+
+@triton_op("mingru::matrix_affine_scan_backward", mutates_args=())
+def _matrix_affine_scan_backward(A: torch.Tensor, Abar: torch.Tensor, Bbar: torch.Tensor, gA: torch.Tensor,
+                                 gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    A = _dense(A)
+    dA, dB = A.new_empty(A.shape), A.new_empty(Bbar.shape)
+    _backward(A, Abar, Bbar, None, _dense(gA), _dense(gB), dA, dB, None)
+    return dA, dB
+
+
+def _affine_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], *output)
+
+
+def _affine_grad(ctx, gA, gB):
+    A, Abar, Bbar = ctx.saved_tensors
+    return torch.ops.mingru.matrix_affine_scan_backward(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
+
+
+torch.library.register_autograd("mingru::matrix_affine_scan", _affine_grad, setup_context=_affine_setup)
+
+
+# ---- matrix_scan: the k=2, v=1 instance, b (B,T,n,2) seen as (B,T,n,2,1) ---------------------
+
+@triton_op("mingru::matrix_scan", mutates_args=())
+def _matrix_scan(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    M = _dense(M)
+    Abar, Bc = M.new_empty(M.shape), M.new_empty(b.shape)
+    _forward(M, b.unsqueeze(-1), None, Bc.unsqueeze(-1), Abar)
+    return Abar, Bc
+
+
+@triton_op("mingru::matrix_scan_backward", mutates_args=())
+def _matrix_scan_backward(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
+                          gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    M = _dense(M)
+    dM, db = M.new_empty(M.shape), M.new_empty(Bc.shape)
+    _backward(M, Abar, Bc.unsqueeze(-1), None, _dense(gA), gB.unsqueeze(-1), dM, db.unsqueeze(-1), None)
+    return dM, db
+
+
+def _scan_grad(ctx, gA, gB):
+    M, Abar, Bc = ctx.saved_tensors
+    return torch.ops.mingru.matrix_scan_backward(M, Abar, Bc, _grad(gA, Abar), _grad(gB, Bc))
+
+
+torch.library.register_autograd("mingru::matrix_scan", _scan_grad, setup_context=_affine_setup)
+
+
+# ---- matrix_recurrence: states only, no prefix products -------------------------------------
+
+@triton_op("mingru::matrix_recurrence", mutates_args=())
+def _matrix_recurrence(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
+    A, X = _dense(A), _dense(X)
+    h = A.new_empty(X.shape)
+    _forward(A, X, None if h0 is None else _dense(h0), h, None)
+    return h
+
+
+@triton_op("mingru::matrix_recurrence_backward", mutates_args=())
+def _matrix_recurrence_backward(A: torch.Tensor, h: torch.Tensor, h0: Optional[torch.Tensor],
+                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    A = _dense(A)
+    dA, dX = A.new_empty(A.shape), A.new_empty(h.shape)
+    dh0 = A.new_empty(h.shape[0], *h.shape[2:]) if h0 is not None else A.new_empty(0)
+    _backward(A, None, h, None if h0 is None else _dense(h0), None, _dense(g), dA, dX,
+              dh0 if h0 is not None else None)
+    return dA, dX, dh0
+
+
+def _recurrence_setup(ctx, inputs, output):
+    A, _, h0 = inputs
+    ctx.has_h0 = h0 is not None
+    ctx.save_for_backward(A, output, h0)
+
+
+def _recurrence_grad(ctx, g):
+    A, h, h0 = ctx.saved_tensors
+    dA, dX, dh0 = torch.ops.mingru.matrix_recurrence_backward(A, h, h0, _grad(g, h))
+    return dA, dX, (dh0 if ctx.has_h0 else None)
+
+
+torch.library.register_autograd("mingru::matrix_recurrence", _recurrence_grad, setup_context=_recurrence_setup)
+
+
+# ---- entry points (inputs already validated by mingru.ops) -------------------------------
+
+def _check(A, X):
+    require_dtype(A)
+    require(A.is_cuda or (A.device.type == "cpu" and interpreting()),
+            f"tensors on {A.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
+    k, v = A.shape[-1], X.shape[-1]
+    require(k in BLOCK_SIZES, f"block size k={k} is outside the kernel envelope {BLOCK_SIZES}")
+    require(v in BLOCK_SIZES, f"injection width v={v} is outside the kernel envelope {BLOCK_SIZES}")
+    # time offsets are 32-bit inside a lane; lanes are addressed with 64-bit offsets
+    require(max(x.shape[1] * max(x.stride(1), 1) for x in (A, X)) < 2**31,
+            "one batch element spans more than 2**31 elements")
+
+
+def matrix_affine_scan(A, Bm):
+    _check(A, Bm)
+    return torch.ops.mingru.matrix_affine_scan(A, Bm)
+
+
+def matrix_scan(M, b):
+    _check(M, b.unsqueeze(-1))
+    return torch.ops.mingru.matrix_scan(M, b)
+
+
+def matrix_recurrence(A, X, h0=None):
+    _check(A, X)
+    return torch.ops.mingru.matrix_recurrence(A, X, h0)
