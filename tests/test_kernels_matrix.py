@@ -1,0 +1,180 @@
+"""Matrix Triton kernels (matrix_affine_scan, matrix_scan, matrix_recurrence) vs the float64 loops.
+
+On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
+shapes stay tiny. `forced_plan(chunk=4)` cuts T into chunks of 4 steps (with a partial last chunk)
+to run the first pass, the carry pass and the second pass that the GPU picks for few lanes.
+Tolerances: float32 accumulates in float32 over T <= 11 steps of k-term dot products, so 1e-5 abs /
+1e-4 rel; bfloat16 rounds the outputs (and the saved outputs the backward reads) to 8 bits, so 2e-2.
+"""
+import pytest
+import torch
+
+import mingru
+from mingru import naive
+from mingru.dispatch import ScanFallback
+from mingru.kernels.common import BLOCK_SIZES, allow_tf32_dots
+
+matrix = pytest.importorskip("mingru.kernels.matrix")
+pytestmark = pytest.mark.usefixtures("triton_mode")
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+SPLIT = dict(chunk=4, block_n=4)  # T=11: chunks 4 + 4 + 3; with 6 lanes a block spans two batch rows
+
+OPS = {
+    "affine": (mingru.matrix_affine_scan, naive.matrix_affine_scan_naive),
+    "scan": (mingru.matrix_scan, naive.matrix_scan_naive),
+    "recurrence": (mingru.matrix_recurrence, naive.matrix_recurrence_naive),
+    "recurrence-no_h0": (lambda A, X: mingru.matrix_recurrence(A, X), naive.matrix_recurrence_naive),
+}
+
+
+def _inputs(op, B, T, n, k, v, dtype, device, seed=0):
+    """Transitions scaled to spectral radius ~0.5 (stable products), injections and h0 ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(B, T, n, k, k, generator=g) * (0.5 / k ** 0.5)
+    if op == "scan":
+        xs = [A, torch.randn(B, T, n, k, generator=g)]
+    else:
+        xs = [A, torch.randn(B, T, n, k, v, generator=g)]
+    if op == "recurrence":
+        xs.append(torch.randn(B, n, k, v, generator=g))
+    return [x.to(device=device, dtype=dtype) for x in xs]
+
+
+def _as_tuple(outs):
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
+def _run(fn, inputs, cotangents):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    outs = _as_tuple(fn(*inputs))
+    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
+    return list(outs), [x.grad for x in inputs]
+
+
+def _check(name, inputs, plan=None):
+    """Outputs and gradients (random cotangents on every output, h0 included) vs float64."""
+    op, ref = OPS[name]
+    dtype = inputs[0].dtype
+    with torch.no_grad():
+        shapes = [o.shape for o in _as_tuple(ref(*inputs))]
+    g = torch.Generator().manual_seed(1)
+    # cotangents rounded to the input dtype, so both sides differentiate against the same values
+    cot = [torch.randn(s, generator=g).to(dtype).double().to(inputs[0].device) for s in shapes]
+    ref_outs, ref_grads = _run(ref, [x.double() for x in inputs], cot)
+    with matrix.forced_plan(**(plan or {})):
+        outs, grads = _run(op, inputs, cot)
+    for got, want in zip(outs + grads, ref_outs + ref_grads):
+        assert got.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got.double(), want.to(dtype).double(), **TOL[dtype])
+
+
+def _kv(pairs):
+    return pytest.mark.parametrize("k,v", pairs, ids=[f"k{k}-v{v}" for k, v in pairs])
+
+
+def _dtype_id(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+@_kv([(k, v) for k in BLOCK_SIZES for v in BLOCK_SIZES])
+def test_affine_every_block_size(k, v, device):
+    """B2-T5-n2: every (k, v) of the envelope, forward and backward, one sequential walk."""
+    _check("affine", _inputs("affine", 2, 5, 2, k, v, torch.float32, device))
+
+
+@_kv([(1, 1), (2, 4), (8, 2), (16, 16)])
+@pytest.mark.parametrize("op", ["affine", "recurrence"])
+def test_time_split_chunk_boundaries(op, k, v, device):
+    """T=11 in chunks of 4: the carry of every chunk comes from the aggregates of the earlier ones."""
+    _check(op, _inputs(op, 2, 11, 3, k, v, torch.float32, device), SPLIT)
+
+
+LENGTHS = [(1, {}, torch.float32), (7, {}, torch.float32), (11, SPLIT, torch.float32),
+           (11, SPLIT, torch.bfloat16)]
+LENGTH_IDS = [f"T{T}{'-split' if plan else ''}-{_dtype_id(d)}" for T, plan, d in LENGTHS]
+
+
+@pytest.mark.parametrize("T,plan,dtype", LENGTHS, ids=LENGTH_IDS)
+def test_matrix_scan(T, plan, dtype, device):
+    _check("scan", _inputs("scan", 2, T, 3, 2, 1, dtype, device), plan)
+
+
+@pytest.mark.parametrize("T,plan,dtype", LENGTHS, ids=LENGTH_IDS)
+@pytest.mark.parametrize("op", ["recurrence", "recurrence-no_h0"])
+def test_matrix_recurrence(op, T, plan, dtype, device):
+    inputs = _inputs("recurrence", 2, T, 3, 4, 2, dtype, device)
+    _check(op, inputs if op == "recurrence" else inputs[:2], plan)
+
+
+@pytest.mark.parametrize("unroll", [1, 2], ids=["unroll1", "unroll2"])
+def test_unroll_variants(unroll, device):
+    """The probe times UNROLL 1 and 2 as well as the default 4: they must agree."""
+    _check("affine", _inputs("affine", 2, 7, 2, 2, 1, torch.float32, device), dict(unroll=unroll))
+    _check("recurrence", _inputs("recurrence", 1, 11, 2, 4, 2, torch.float32, device),
+           dict(SPLIT, unroll=unroll))
+
+
+def test_bfloat16_affine_split(device):
+    _check("affine", _inputs("affine", 2, 11, 2, 8, 4, torch.bfloat16, device), SPLIT)
+
+
+def test_float16_recurrence(device):
+    inputs = _inputs("recurrence", 2, 6, 2, 4, 4, torch.float16, device)
+    op, ref = OPS["recurrence"]
+    torch.testing.assert_close(op(*inputs).double(), ref(*inputs).half().double(), atol=5e-3, rtol=5e-3)
+
+
+def test_non_contiguous_inputs(device):
+    """Transposed inner dims (copied), a batch broadcast (stride 0) and a strided slice over time."""
+    A, X, h0 = _inputs("recurrence", 1, 12, 2, 4, 2, torch.float32, device)
+    A_t = A.transpose(-1, -2).contiguous().transpose(-1, -2).expand(2, -1, -1, -1, -1)
+    X_s = torch.cat([X, X + 1], 0)[:, ::2]
+    A_s = A_t[:, ::2]
+    h0 = h0.expand(2, -1, -1, -1)
+    for plan in ({}, SPLIT):
+        with matrix.forced_plan(**plan):
+            got = mingru.matrix_recurrence(A_s, X_s, h0)
+            got_a, got_b = mingru.matrix_affine_scan(A_s, X_s)
+        torch.testing.assert_close(got.double(), naive.matrix_recurrence_naive(A_s, X_s, h0), **TOL[torch.float32])
+        want_a, want_b = naive.matrix_affine_scan_naive(A_s, X_s)
+        torch.testing.assert_close(got_a.double(), want_a, **TOL[torch.float32])
+        torch.testing.assert_close(got_b.double(), want_b, **TOL[torch.float32])
+
+
+def test_tf32_switch_runs_k16(device):
+    """allow_tf32_dots only changes tl.dot's precision at k=16 (TF32 ~1e-3; the interpreter ignores it)."""
+    A, X = _inputs("affine", 1, 5, 2, 16, 16, torch.float32, device)
+    with allow_tf32_dots():
+        got_a, got_b = mingru.matrix_affine_scan(A, X)
+    want_a, want_b = naive.matrix_affine_scan_naive(A, X)
+    torch.testing.assert_close(got_a.double(), want_a, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got_b.double(), want_b, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("op", ["affine", "recurrence"])
+def test_gradcheck_float64(op, device):
+    inputs = [x.requires_grad_() for x in _inputs(op, 1, 6, 1, 2, 1, torch.float64, device)]
+    fn = OPS[op][0]
+    with matrix.forced_plan(chunk=4):
+        assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("k,v", [(3, 1), (2, 32)], ids=["k3", "v32"])
+def test_outside_envelope_falls_back(k, v, device):
+    A, X = _inputs("affine", 1, 3, 1, k, v, torch.float32, device)
+    with pytest.raises(ScanFallback):
+        matrix.matrix_affine_scan(A, X)
+    with pytest.raises(ScanFallback):
+        matrix.matrix_recurrence(A, X)
+    with pytest.raises(RuntimeError, match="MINGRU_SCAN=triton"):
+        mingru.matrix_affine_scan(A, X)
+
+
+def test_plan_splits_time_only_for_few_lanes():
+    cpu = torch.device("cpu")  # counts as 4 SMs
+    few, many, short = (matrix.plan(8, 1024, 8, 9, cpu), matrix.plan(1 << 16, 1024, 2, 3, cpu),
+                        matrix.plan(8, 40, 8, 9, cpu))
+    assert few.chunk < 1024 and few.chunk % few.unroll == 0
+    assert many.chunk == 1024 and short.chunk == 40
+    assert many.block_n == 128 and matrix.plan(8, 64, 16, 32, cpu).block_n == 1
