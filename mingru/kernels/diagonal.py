@@ -42,9 +42,30 @@ def _acc(x, F64: tl.constexpr):
 
 
 @triton.jit
+def _tile(t0, t_end, cols, cmask, D, CHUNK: tl.constexpr):
+    """Offsets (relative to a batch row) and mask of the [CHUNK, BLOCK_D] tile starting at t0."""
+    rows = tl.arange(0, CHUNK)
+    mask = ((t0 + rows) < t_end)[:, None] & cmask[None, :]
+    return t0.to(tl.int64) * D + rows[:, None] * D + cols[None, :], mask
+
+
+@triton.jit
+def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr):
+    """A forward tile, padded with the identity: (a, b) = (1, 0), or (lc, lv) = (0, -inf)."""
+    if MODE == LOG:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        y = tl.load(y_ptr + offs, mask=mask, other=float("-inf"))
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+    return _acc(x, F64), _acc(y, F64)
+
+
+@triton.jit
 def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, n_seg,
                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
-                    F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+                    F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PREFETCH: tl.constexpr):
     pid_d = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -55,6 +76,7 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
     t_end = tl.minimum(t_begin + seg_len, T)
     base = b * T * D
     lv_base = b * (T + 1) * D  # log_values has one more row: slot 0 is log h0
+    y_base = lv_base + D if MODE == LOG else base
     agg_off = (b * n_seg) * D + cols
     agg_stride = n_batch * n_seg * D
 
@@ -80,19 +102,21 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
                 carry_b = agg_a * carry_b + agg_b
                 carry_a = agg_a * carry_a
 
+    if PREFETCH:  # registers hold the next tile while this one is scanned
+        offs, mask = _tile(t_begin, t_end, cols, cmask, D, CHUNK)
+        x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
     for i in range(0, tl.cdiv(t_end - t_begin, CHUNK)):
-        t0 = t_begin + i * CHUNK
-        rows = tl.arange(0, CHUNK)
-        mask = ((t0 + rows) < t_end)[:, None] & cmask[None, :]
-        offs = t0.to(tl.int64) * D + rows[:, None] * D + cols[None, :]
-        if MODE == LOG:  # padding: lc = 0, lv = -inf is the identity (1, 0)
-            lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
-            lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=float("-inf")), F64)
-            h, carry_a, carry_b = log_carry_scan(lc, lv, carry_a, carry_b)
+        offs, mask = _tile(t_begin + i * CHUNK, t_end, cols, cmask, D, CHUNK)
+        if PREFETCH:
+            x, y = x_next, y_next
+            offs_n, mask_n = _tile(t_begin + (i + 1) * CHUNK, t_end, cols, cmask, D, CHUNK)
+            x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs_n, mask_n, MODE, F64)
         else:
-            a = _acc(tl.load(x_ptr + base + offs, mask=mask, other=1.0), F64)
-            bb = _acc(tl.load(y_ptr + base + offs, mask=mask, other=0.0), F64)
-            big_a, h, carry_a, carry_b = carry_scan(a, bb, carry_a, carry_b)
+            x, y = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
+        if MODE == LOG:
+            h, carry_a, carry_b = log_carry_scan(x, y, carry_a, carry_b)
+        else:
+            big_a, h, carry_a, carry_b = carry_scan(x, y, carry_a, carry_b)
             if MODE == SCAN and not AGG_PASS:
                 tl.store(out_a_ptr + base + offs, big_a.to(out_a_ptr.dtype.element_ty), mask=mask)
         if not AGG_PASS:
@@ -202,6 +226,8 @@ class Layout(NamedTuple):
     warps: int
     segments: int
     seg_len: int
+    stages: int = 3
+    prefetch: bool = False
 
 
 _forced = {"chunk": 0, "segments": 0}
@@ -241,13 +267,13 @@ def plan(B, T, D, device):
     return Layout(chunk, block_d, 4, triton.cdiv(T, seg_len), seg_len)
 
 
-def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg):
+def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
     """Run `kernel` over the layout: the aggregate pass first when time is split."""
     B, T, D = x.shape
     grid = (triton.cdiv(D, lay.block_d), B, lay.segments)
     agg = x
     common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
-                  BLOCK_D=lay.block_d, num_warps=lay.warps)
+                  BLOCK_D=lay.block_d, num_warps=lay.warps, num_stages=lay.stages, **extra)
     if lay.segments > 1:
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         agg = torch.empty(n_agg, B, lay.segments, D, dtype=acc, device=x.device)
@@ -257,7 +283,8 @@ def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg):
 
 def _forward(mode, x, y, h0, out_a, out_h):
     lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device)
-    _launch(_forward_kernel, mode, x, lay, (x, y, x if h0 is None else h0, out_a, out_h), h0 is not None, 2)
+    _launch(_forward_kernel, mode, x, lay, (x, y, x if h0 is None else h0, out_a, out_h), h0 is not None, 2,
+            PREFETCH=lay.prefetch)
 
 
 def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
