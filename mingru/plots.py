@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from mingru.bench import report
 
 TINY = 1e-12  # log axes cannot show an exact zero error
+NAN = float("nan")  # a missing value draws no bar
 
 
 def load(name, results_dir="results"):
@@ -48,7 +49,7 @@ def speedup(data):
         for j, ((key, direction), color) in enumerate(zip(series, colors)):
             value = {r["op"]: r.get(key) for r in rows if r["shape"] == shape and r["direction"] == direction}
             xs = [o + (j - 1.5) * width for o in range(len(ops))]
-            ax.bar(xs, [value.get(op) or 0 for op in ops], width, color=color,
+            ax.bar(xs, [value.get(op) or NAN for op in ops], width, color=color,
                    label=f"{key[:-2]} {direction}")
         ax.axhline(1, color="black", lw=0.8)
         ax.set_yscale("log")
@@ -154,11 +155,11 @@ def parity_worst(data):
             worst, atol = {}, {}
             for r in rows:
                 if r["dtype"] == dtype and isinstance(r.get(key), float):
-                    worst[r["op"]] = max(worst.get(r["op"], 0.0), r[key])
+                    worst[r["op"]] = max(worst.get(r["op"], TINY), r[key])
                     atol[r["op"]] = float(r[gate].split("/")[0])
             xs = [o + (j - (len(dtypes) - 1) / 2) * width for o in range(len(ops))]
-            ax.bar(xs, [max(worst.get(op, 0.0), TINY) for op in ops], width, label=f"{dtype} worst error")
-            ax.scatter(xs, [atol.get(op, float("nan")) for op in ops], marker="_", s=200, color="black",
+            ax.bar(xs, [worst.get(op, NAN) for op in ops], width, label=f"{dtype} worst error")
+            ax.scatter(xs, [atol.get(op, NAN) for op in ops], marker="_", s=200, color="black",
                        label="gate atol" if j == 0 else None, zorder=3)
         ax.set_yscale("log")
         ax.set_xticks(range(len(ops)), ops, rotation=25, ha="right", fontsize=8)
@@ -180,7 +181,7 @@ def peers_time(data):
             us = {(r["B"], r["T"], r["D"]): r["us"] for r in rows
                   if r["competitor"] == name and r["direction"] == direction}
             xs = [s + (j - (len(names) - 1) / 2) * width for s in range(len(shapes))]
-            ax.bar(xs, [us.get(shape, 0) for shape in shapes], width, label=name)
+            ax.bar(xs, [us.get(shape, NAN) for shape in shapes], width, label=name)
         ax.set_yscale("log")
         ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
         ax.set_ylabel(f"{direction} time (µs, log)")

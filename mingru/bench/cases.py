@@ -2,7 +2,8 @@
 
 A subject is an op name ("linear_scan") or a mixer name with its path ("GivensMinGRU[fused]").
 Its dims: B, T and D for the diagonal ops; B, T, n blocks of k (x v) for the matrix ops; n, k and
-L Givens layers for rotation_recurrence; B, T, d (and k) for the mixers; h0=True adds a start state.
+L Givens layers for rotation_recurrence; B, T, d (and GivensMinGRU's k, L) for the mixers;
+h0=True adds a start state.
 """
 import math
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ def make(name, dims, dtype=torch.float32, device="cpu"):
     base, _, path = name.partition("[")
     kwargs = {"fused": path.startswith("fused")} if path else {}
     if base == "GivensMinGRU":
-        kwargs["k"] = dims.get("k", 8)
+        kwargs.update(k=dims.get("k", 8), layers=dims.get("L"))
     module = getattr(mingru, base)(dims["d"], dims["d"], **kwargs).to(device, dtype)
     x = torch.randn(dims["B"], dims["T"], dims["d"], device=device, dtype=dtype)
     return Job(name, module, (x,), tuple(module.parameters()))

@@ -8,11 +8,12 @@ from mingru.bench.parity import SKIPPED, failure
 from mingru.bench.timing import Progress, scan_impl
 
 NAME = "scan_memory"
-LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8)
+LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
 LAB_MIXERS = ("GivensMinGRU[fused]", "GivensMinGRU[generic]", "RotationMinGRU[fused]",
               "RotationMinGRU[generic]")
-VS_T, QUICK_VS_T = (64, 128, 256, 512, 1024, 2048, 4096), (4, 8, 16)
+VS_T, QUICK_VS_T = (64, 128, 256, 512, 1024, 2048, 4096), (4, 8)
 VS_T_B, QUICK_VS_T_B = 16, 1
+QUICK_LAB_MIXERS, QUICK_VS_T_MIXERS = LAB_MIXERS[2:], LAB_MIXERS[2:3]  # the interpreter is slow
 METHOD = ("CUDA: after a warm-up step, gc + torch.cuda.empty_cache() + reset_peak_memory_stats(); "
           "then build the module and input, run forward and backward of a random cotangent; peak_mb = "
           "max_memory_allocated() - memory_allocated() before the build, so parameters, inputs, "
@@ -57,10 +58,10 @@ def peak(name, dims, impl, device):
 
 def measure(device, quick, env, keep=lambda name: True):
     lab = QUICK_LAB if quick else LAB
-    Ts, B = (QUICK_VS_T, QUICK_VS_T_B) if quick else (VS_T, VS_T_B)
+    Ts, B, mixers = (QUICK_VS_T, QUICK_VS_T_B, QUICK_VS_T_MIXERS) if quick else (VS_T, VS_T_B, cases.MIXERS)
     impls = ("eager", "triton") if device.type == "cuda" or env["triton_interpret"] else ("eager",)
-    todo = [("lab", name, lab) for name in LAB_MIXERS]
-    todo += [("vs-T", name, dict(B=B, T=T, d=lab["d"])) for name in cases.MIXERS for T in Ts]
+    todo = [("lab", name, lab) for name in (QUICK_LAB_MIXERS if quick else LAB_MIXERS)]
+    todo += [("vs-T", name, {**lab, "B": B, "T": T}) for name in mixers for T in Ts]
     todo = [(case, name, dims, impl) for case, name, dims in todo if keep(name) for impl in impls]
     progress = Progress("memory", len(todo))
     rows = []

@@ -14,21 +14,27 @@ NAME = "scan_bench"
 SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
 QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
+# --quick runs one subject per code path (diagonal op, matrix op, fused and generic mixer):
+# every subject goes through the same functions, and the interpreter is slow.
+QUICK_SUBJECTS = ("linear_scan", "matrix_affine_scan", "RotationMinGRU[fused]", "RotationMinGRU[generic]")
 DIRECTIONS = ("fwd", "fwd+bwd")
 
 
-def subjects(width):
-    """The seed's ops at hidden width `width` (n = width / k blocks), the states-only ops, the mixers."""
+def subjects(width, k=8, layers=6):
+    """The seed's ops at hidden width `width` (n = width / k blocks), the states-only ops, the mixers.
+
+    k and layers are GivensMinGRU's (k=8, rounds=3); --quick shrinks them to keep the interpreter fast.
+    """
     yield "linear_scan", dict(D=width)
     yield "linear_recurrence", dict(D=width)
     yield "parallel_scan_log", dict(D=width)
     yield "matrix_scan", dict(n=width // 2)
-    yield "matrix_affine_scan", dict(n=width // 8, k=8, v=1)
-    yield "matrix_recurrence", dict(n=width // 8, k=8, v=1)    # GivensMinGRU's generic path
-    yield "rotation_recurrence", dict(n=width // 8, k=8, L=6)  # GivensMinGRU's fused path
-    yield "rotation_recurrence", dict(n=width // 2, k=2, L=1)  # RotationMinGRU's fused path
+    yield "matrix_affine_scan", dict(n=width // k, k=k, v=1)
+    yield "matrix_recurrence", dict(n=width // k, k=k, v=1)        # GivensMinGRU's generic path
+    yield "rotation_recurrence", dict(n=width // k, k=k, L=layers)  # GivensMinGRU's fused path
+    yield "rotation_recurrence", dict(n=width // 2, k=2, L=1)       # RotationMinGRU's fused path
     for mixer in cases.MIXERS:
-        yield mixer, dict(d=width)
+        yield mixer, dict(d=width, k=k, L=layers) if mixer.startswith("Givens") else dict(d=width)
 
 
 def _compiled(fn, backend):
@@ -92,10 +98,11 @@ def _ratio(a, b):
 
 
 def measure(device, quick, env, keep=lambda name: True):
-    shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
+    shapes, width, k, layers = (QUICK_SHAPES, QUICK_WIDTH, 4, 2) if quick else (SHAPES, WIDTH, 8, 6)
     backend = "eager" if device.type == "cpu" else "inductor"
     todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
-            for name, dims in subjects(width) if keep(name)]
+            for name, dims in subjects(width, k, layers)
+            if keep(name) and (not quick or name in QUICK_SUBJECTS)]
     progress = Progress("speed", len(todo))
     rows = []
     for name, dims, shape in todo:

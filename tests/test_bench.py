@@ -1,0 +1,159 @@
+"""The benchmark harness on CPU: each `--quick` subcommand end to end (eager + the Triton
+interpreter), its JSON schema, Markdown and figures; and the checks that must catch a bad row."""
+import json
+
+import pytest
+import torch
+
+import mingru
+from mingru import plots
+from mingru.bench import HARNESSES, cases, main, parity, peers, report, speed
+from mingru.bench.timing import scan_impl
+
+ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "git_commit", "git_dirty", "date",
+            "copy_gbps", "copy_method", "smoke")
+STATUS_PREFIXES = ("ok", "fallback:", "failed:", "wrong:", "skipped:", "not installed", "import failed:",
+                   "compile ", "triton ")
+NAMES = {"speed": "scan_bench", "roofline": "roofline", "memory": "scan_memory",
+         "parity": "scan_parity", "peers": "peers"}
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU path")
+
+
+@interpreted
+@pytest.mark.parametrize("what", HARNESSES)
+def test_quick_run_writes_json_markdown_and_figures(what, tmp_path, capsys):
+    main([what, "--quick", "--out", str(tmp_path)])
+    name = NAMES[what]
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    env = data["env"]
+    assert set(ENV_KEYS) <= set(env) and env["smoke"] is True and env["copy_gbps"] > 0
+    assert json.loads((tmp_path / "env.json").read_text())["git_commit"] == env["git_commit"]
+    assert data["rows"], "a harness must write rows"
+    for row in data["rows"]:
+        assert row["status"].startswith(STATUS_PREFIXES), row
+    if env["triton_interpret"]:
+        assert not any(row["status"].startswith("skipped") for row in data["rows"])
+    md = (tmp_path / f"{name}.md").read_text()
+    assert report.env_line(env) in md and "smoke run" in md
+    assert "| " + " | ".join(data["meta"]["columns"]) + " |" in md
+    assert md.count("\n| ") == len(data["rows"]) + 1
+    for figure in plots.FIGURES[name]:
+        png = tmp_path / "figures" / f"{name}_{figure}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    CHECKS[what](data)
+    assert str(tmp_path / f"{name}.json") in capsys.readouterr().out
+
+
+def _speed(data):
+    for row in data["rows"]:
+        assert row["eager_us"] > 0
+        if row["triton_us"] is not None:
+            assert row["triton_x"] == pytest.approx(row["eager_us"] / row["triton_us"])
+    assert {r["direction"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
+
+
+def _roofline(data):
+    for row in data["rows"]:
+        if row["status"] == "ok":
+            assert row["gbps"] == pytest.approx(row["bytes"] / row["us"] / 1e3)
+            assert row["pct_copy"] == pytest.approx(100 * row["gbps"] / data["env"]["copy_gbps"])
+
+
+def _memory(data):
+    assert {r["case"] for r in data["rows"]} >= {"lab", "vs-T"}
+    for row in data["rows"]:
+        if row["status"] == "ok":
+            assert row["saved_mb"] > 0 and row["peak_mb"] is None  # no CUDA: no peak claimed
+
+
+def _parity(data):
+    summary = data["meta"]["summary"]
+    assert summary["passed"] + summary["failed"] + summary["not_run"] == len(data["rows"])
+    for row in data["rows"]:
+        if row["status"] == "ok":  # the kernels ran: they must agree with eager within the gates
+            assert row["pass"] is True, row
+
+
+def _peers(data):
+    assert {r["competitor"] for r in data["rows"]} == set(peers.competitors())
+    assert all(r["status"] != "ok" or r["us"] > 0 for r in data["rows"])
+
+
+CHECKS = {"speed": _speed, "roofline": _roofline, "memory": _memory, "parity": _parity, "peers": _peers}
+
+
+def test_full_parity_grid_covers_the_envelope():
+    rows = list(parity.grid(quick=False))
+    assert len(rows) > 590
+    kv = {(d["k"], d["v"]) for op, d, _ in rows if op == "matrix_affine_scan"}
+    assert kv == {(k, v) for k in parity.BLOCKS for v in parity.BLOCKS}
+    Ts = {d["T"] for _, d, _ in rows}
+    assert 1 in Ts and any(T & (T - 1) for T in Ts)  # T = 1 and non-powers of two
+    assert {op for op, _, _ in rows} == set(cases.OPS) | set(cases.MIXERS)
+    assert {dtype for _, _, dtype in rows} == {torch.float32, torch.bfloat16}
+
+
+def test_parity_row_fails_when_the_kernel_is_wrong(monkeypatch):
+    """The gate must be able to fail: a 'kernel' off by 1e-4 is caught at float32."""
+    def off_by_a_bit(a, b):
+        A, Bc = mingru.scans.linear_scan(a, b)
+        return A, Bc + 1e-4
+    monkeypatch.setattr(mingru.dispatch, "triton_impl", lambda name: off_by_a_bit)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    row = parity.check("linear_scan", dict(B=2, T=9, D=3), torch.float32, torch.device("cpu"))
+    assert row["status"] == "ok" and row["pass"] is False and row["out_err"] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_speed_reports_a_compile_failure_and_a_wrong_kernel_as_statuses(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("inductor exploded")
+        return call
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(mingru.dispatch, "triton_impl", lambda name: lambda a, b, h0: mingru.scans.linear_recurrence(a, b, h0) * 2)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dims = dict(B=1, T=4, D=3)
+    rows = speed.measure_subject("linear_recurrence", dims, "lab", torch.device("cpu"), True,
+                                 {"triton_interpret": True}, "eager")
+    for row in rows:
+        assert row["eager_us"] > 0 and row["compile_us"] is None and row["triton_us"] is None
+        assert "compile failed: RuntimeError: inductor exploded" in row["status"]
+        assert "triton wrong: max abs error" in row["status"]
+
+
+def test_gpu_run_needs_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit):
+        main(["speed"])
+    assert "--quick" in capsys.readouterr().err
+
+
+def test_markdown_table_renders_every_kind_of_cell():
+    rows = [{"op": "a|b", "us": 12.3456, "x": None, "pass": True},
+            {"op": "c", "us": 1.5e-7, "pass": False, "extra": 3}]
+    lines = report.table_markdown(rows).splitlines()
+    assert lines[0] == "| op | us | x | pass | extra |"
+    assert lines[1] == "|---|---|---|---|---|"
+    assert lines[2] == "| a\\|b | 12.3 | — | pass | — |"
+    assert lines[3] == "| c | 1.50e-07 | — | FAIL | 3 |"
+    assert report.table_markdown([]) == "(no rows)\n"
+
+
+def test_results_table_and_json_stay_standard(tmp_path):
+    env = {"gpu": "Test GPU", "torch": "x", "triton": "y", "python": "z", "git_commit": "abc",
+           "git_dirty": False, "date": "today", "copy_gbps": 1000.0, "smoke": False}
+    report.write(tmp_path, "scan_parity", env, [{"op": "linear_scan", "out_err": float("nan")}],
+                 {"columns": ["op", "out_err"], "notes": ["a note"]})
+    data = json.loads((tmp_path / "scan_parity.json").read_text())  # no bare NaN in the file
+    assert data["rows"][0]["out_err"] == "nan"
+    md = plots.results_table("scan_parity", tmp_path)
+    assert md.startswith("# Parity") and "Test GPU" in md and "- a note" in md
+    assert "| linear_scan | nan |" in md
+
+
+def test_scan_impl_sets_and_restores_the_mode(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "auto")
+    with scan_impl("eager"):
+        assert mingru.scan_mode() == "eager"
+    assert mingru.scan_mode() == "auto"
