@@ -71,18 +71,39 @@ def run_step(step, smoke, out):
         raise RuntimeError(f"`python -m {' '.join(step)}` exited with {done.returncode}:\n{tail}")
 
 
-def run_notebook(name, smoke, out, kernel):
+def run_notebook(key, smoke, out, kernel):
     import papermill
+    name, steps, _ = CHAPTERS[key]
     source = NOTEBOOKS / f"{name}.ipynb"
+    # A chapter whose harness ran just before need not measure again inside the notebook.
+    params = {"SMOKE": smoke, "MEASURE": not steps}
     if smoke:
         target = out / "notebooks" / source.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        params = {"SMOKE": True, "RESULTS_DIR": str(RESULTS)}
+        params["RESULTS_DIR"] = str(RESULTS)
     else:
-        target, params = source, {"SMOKE": False}
+        target = source
     papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name=kernel,
                                cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
     return target
+
+
+def recorded(name, results_dir, chapter):
+    """Load <results_dir>/<name>.json for a notebook, printing where its numbers come from (None if absent)."""
+    from mingru.bench import report
+    path = Path(results_dir) / f"{name}.json"
+    if not path.exists():
+        print(f"{name}.json is not in {results_dir} yet: `make reproduce NB={chapter}` on a GPU writes it.")
+        return None
+    data = report.load(path)
+    env = data["env"]
+    if env.get("smoke") or not env.get("gpu"):
+        print(f"{name}.json holds a CPU smoke run, not GPU measurements: {report.env_line(env)}")
+    else:
+        where = f"{env['gpu']} at commit {(env.get('git_commit') or 'unknown')[:10]} ({env.get('date')})"
+        print(("showing the results measured on " if has_gpu() else "no GPU here: showing the results recorded on ")
+              + where)
+    return data
 
 
 def timed(label, fn):
@@ -117,7 +138,7 @@ def main(argv=None):
     for key in keys:
         name = CHAPTERS[key][0]
         print(f"[{key}] {name}", flush=True)
-        if not timed(f"execute {name}.ipynb", lambda: run_notebook(name, smoke, out, args.kernel)):
+        if not timed(f"execute {name}.ipynb", lambda: run_notebook(key, smoke, out, args.kernel)):
             failed.append(name)
     if smoke:
         needs_gpu = [f"  [{key}] {CHAPTERS[key][2]}" for key in keys if CHAPTERS[key][2]]

@@ -1,0 +1,149 @@
+"""The TF32 trap, measured: matrix_affine_scan's error vs float64, with and without the IEEE guard.
+
+On NVIDIA GPUs since Ampere a float32 `tl.dot` large enough for the tensor cores runs in TF32
+(10 mantissa bits) unless told `input_precision="ieee"`. The kernels pass "ieee" everywhere;
+`mingru.kernels.common.allow_tf32_dots()` lifts the guard so this module can show what it prevents.
+`python -m mingru.precision [--quick] [--out DIR]` writes precision.json/.md and figures/precision.png.
+"""
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from mingru import ops, scans
+
+KS = (1, 2, 4, 8, 16)
+GATE = 1e-5  # the float32 output gate of the parity harness for the affine scans (absolute)
+NAME = "precision"
+
+
+def scan_inputs(B, T, n, k, v, device, seed=0):
+    """A GivensMinGRU-like step: A = decay * random orthogonal block, injection (1 - decay) * N(0, 1).
+
+    The state stays of order one over any T, so the rounding of every step accumulates visibly.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed + k)
+    q, _ = torch.linalg.qr(torch.randn(B, T, n, k, k, generator=gen, dtype=torch.float64))
+    decay = 0.9 + 0.1 * torch.rand(B, T, n, 1, 1, generator=gen, dtype=torch.float64)
+    A = (decay * q).float().to(device)
+    Bm = ((1 - decay) * torch.randn(B, T, n, k, v, generator=gen, dtype=torch.float64)).float().to(device)
+    return A, Bm
+
+
+def _float64_reference(A, Bm, cot):
+    A64, B64 = A.double().requires_grad_(), Bm.double().requires_grad_()
+    outs = scans.matrix_affine_scan(A64, B64)
+    torch.autograd.backward(outs, [c.double() for c in cot])
+    return [o.detach() for o in outs], [A64.grad, B64.grad]
+
+
+def _run(A, Bm, cot):
+    A, Bm = A.clone().requires_grad_(), Bm.clone().requires_grad_()
+    outs = ops.matrix_affine_scan(A, Bm)
+    torch.autograd.backward(outs, cot)
+    return [o.detach() for o in outs], [A.grad, Bm.grad]
+
+
+def measure(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True):
+    """One row per (k, v, variant): max abs error of outputs and gradients vs float64, and time."""
+    from mingru.bench.cases import max_err
+    from mingru.bench.timing import median_us, scan_impl
+    from mingru.kernels.common import allow_tf32_dots
+
+    variants = {"ieee": (lambda: allow_tf32_dots(False), "triton"),
+                "tf32": (lambda: allow_tf32_dots(True), "triton"),
+                "eager": (lambda: allow_tf32_dots(False), "eager")}
+    rows = []
+    for k in ks:
+        for v in sorted({1, k}):
+            A, Bm = scan_inputs(B, T, n, k, v, device)
+            cot = [torch.randn_like(A), torch.randn_like(Bm)]
+            ref_out, ref_grad = _float64_reference(A, Bm, cot)
+            scale = max(r.abs().max().item() for r in ref_out)
+            for name, (guard, impl) in variants.items():
+                with guard(), scan_impl(impl):
+                    out, grad = _run(A, Bm, cot)
+                    us = median_us(lambda: ops.matrix_affine_scan(A, Bm), device) if time_it else None
+                err = max_err(out, ref_out)
+                rows.append({"k": k, "v": v, "variant": name, "err_out": err, "err_grad": max_err(grad, ref_grad),
+                             "max_abs_out": scale, "fwd_us": us, "passes_gate": err <= GATE})
+    return rows
+
+
+def meta(B, T, n, device):
+    interp = torch.device(device).type == "cpu"
+    notes = [f"matrix_affine_scan on float32 inputs, B={B}, T={T}, n={n}, v in {{1, k}}; A_t = decay * "
+             "orthogonal with decay in [0.9, 1], Bm = (1 - decay) N(0, 1)",
+             "err_out / err_grad: max abs difference vs the float64 eager scan (outputs; gradients of a "
+             "random-cotangent backward); fwd_us: forward median",
+             "variants: ieee = the kernels as shipped; tf32 = inside allow_tf32_dots(); eager = the "
+             "float32 Hillis-Steele reference",
+             f"passes_gate: err_out <= {GATE:g}, the parity harness's float32 gate for the affine scans"]
+    if interp:
+        notes.append("CPU smoke run: the Triton interpreter computes tl.dot with numpy and ignores "
+                     "input_precision, so ieee and tf32 agree here; only a GPU shows the difference")
+    return {"columns": ["k", "v", "variant", "err_out", "err_grad", "max_abs_out", "fwd_us", "passes_gate"],
+            "notes": notes, "shape": {"B": B, "T": T, "n": n}, "gate": GATE}
+
+
+def plot(data, path=None):
+    """Error vs k per variant (v = k), the parity gate as a line, and the forward time beside it."""
+    import matplotlib
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["rows"] if r["v"] == r["k"]]
+    fig, (err_ax, time_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    styles = {"ieee": ("C0", "o", "Triton, IEEE guard (shipped)"), "tf32": ("C3", "s", "Triton, TF32 allowed"),
+              "eager": ("0.5", "^", "eager float32")}
+    for variant, (color, marker, label) in styles.items():
+        mine = [r for r in rows if r["variant"] == variant]
+        if not mine:
+            continue
+        ks = [r["k"] for r in mine]
+        err_ax.plot(ks, [max(r["err_out"], 1e-12) for r in mine], color=color, marker=marker, label=label)
+        if variant != "eager" and all(r["fwd_us"] is not None for r in mine):
+            time_ax.plot(ks, [r["fwd_us"] for r in mine], color=color, marker=marker, label=label)
+    err_ax.axhline(data["meta"].get("gate", GATE), color="k", ls=":", lw=1, label="parity gate")
+    err_ax.set(xscale="log", yscale="log", xlabel="block size k (v = k)",
+               ylabel="max abs error vs float64", title="matrix_affine_scan outputs, float32")
+    time_ax.set(xscale="log", yscale="log", xlabel="block size k (v = k)", ylabel="forward time (µs)",
+                title="what the guard costs")
+    for ax in (err_ax, time_ax):
+        ax.set_xticks(KS, [str(k) for k in KS])
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    where = data["env"].get("gpu") or "CPU interpreter (tl.dot precision ignored)"
+    fig.suptitle(f"TF32 vs IEEE tl.dot — {where}", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mingru.precision", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, for the CPU smoke run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "results")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules are imported
+    from mingru.bench import env as bench_env, report
+
+    B, T, n = (1, 9, 2) if args.quick or device == "cpu" else (16, 256, 8)
+    rows = measure(B=B, T=T, n=n, device=device, time_it=device == "cuda")
+    json_path, md_path = report.write(args.out, NAME, bench_env.environment(device, args.quick), rows,
+                                      meta(B, T, n, device))
+    plot(report.load(json_path), args.out / "figures" / f"{NAME}.png")
+    worst = max((r for r in rows if r["variant"] == "ieee"), key=lambda r: r["err_out"])
+    print(f"wrote {json_path} and {md_path}; worst IEEE output error {worst['err_out']:.2e} at k={worst['k']}, "
+          f"v={worst['v']} (gate {GATE:g})")
+    return 0 if all(r["passes_gate"] for r in rows if r["variant"] == "ieee") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""`python -m mingru.reproduce`: argument handling, the notebooks' shared contract, and the CPU smoke path."""
+import json
+
+import pytest
+
+from mingru import reproduce
+
+NOTEBOOKS = sorted(reproduce.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("text", ["4", "04", "04_speedups"])
+def test_chapter_names(text):
+    assert reproduce.chapter_key(text) == "04"
+
+
+@pytest.mark.parametrize("text", ["7", "00", "abc", "04_memory", ""])
+def test_bad_chapter_is_a_clear_usage_error(text, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main([text])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unknown chapter {text!r}" in err and "04 (04_speedups)" in err
+
+
+def test_every_chapter_has_a_notebook():
+    assert [p.stem for p in NOTEBOOKS] == [name for name, _, _ in reproduce.CHAPTERS.values()]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_contract(path):
+    """Kernel python3, and exactly one `parameters` cell that declares what reproduce passes."""
+    nb = json.loads(path.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1
+    source = "".join(tagged[0]["source"])
+    for name in ("SMOKE", "RESULTS_DIR", "DEVICE", "MEASURE"):
+        assert f"{name} =" in source
+    assert "widgets" not in nb["metadata"]
+
+
+def test_smoke_path_runs_chapter_01(tmp_path, capsys):
+    pytest.importorskip("papermill")
+    committed = (reproduce.NOTEBOOKS / "01_monoid.ipynb").read_text()
+    assert reproduce.main(["01", "--smoke", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[01] 01_monoid" in out and "execute 01_monoid.ipynb: ok" in out
+    assert "nothing in this chapter needs a GPU" in out
+    executed = json.loads((tmp_path / "notebooks" / "01_monoid.ipynb").read_text())
+    injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert "SMOKE = True" in "".join(injected[0]["source"])
+    outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert outputs and not [o for o in outputs if o["output_type"] == "error"]
+    assert (reproduce.NOTEBOOKS / "01_monoid.ipynb").read_text() == committed, "smoke runs never write in place"
