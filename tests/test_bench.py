@@ -157,3 +157,14 @@ def test_scan_impl_sets_and_restores_the_mode(monkeypatch):
     with scan_impl("eager"):
         assert mingru.scan_mode() == "eager"
     assert mingru.scan_mode() == "auto"
+
+
+@interpreted
+def test_only_merges_into_an_existing_result(tmp_path):
+    main(["peers", "--quick", "--out", str(tmp_path), "--only", "linear_recurrence"])
+    first = json.loads((tmp_path / "peers.json").read_text())
+    assert {r["competitor"] for r in first["rows"]} == {"mingru.linear_recurrence"}
+    main(["peers", "--quick", "--out", str(tmp_path), "--only", "accelerated"])
+    merged = json.loads((tmp_path / "peers.json").read_text())
+    assert {r["competitor"] for r in merged["rows"]} == {"mingru.linear_recurrence", "accelerated_scan"}
+    assert merged["meta"]["merged_from"] == [first["env"]["date"]]

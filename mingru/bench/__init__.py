@@ -3,10 +3,13 @@
 Each writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its figures
 under <out>/figures; every run also writes <out>/env.json. Without --quick it needs a CUDA GPU;
 --quick is a CPU smoke run on tiny shapes (Triton through the interpreter only when
-TRITON_INTERPRET=1 is set) that exercises the same code and claims no GPU numbers.
+TRITON_INTERPRET=1 is set) that exercises the same code and claims no GPU numbers. --only keeps
+the subjects whose names contain one of its words and merges their rows into an existing file
+from the same GPU, so a long sweep can be split across several calls.
 """
 import argparse
 import importlib
+from pathlib import Path
 
 HARNESSES = ("speed", "roofline", "memory", "parity", "peers")
 
@@ -27,11 +30,31 @@ def run(which, quick=False, out="results", only=None):
     keep = (lambda name: any(w in name for w in wanted)) if wanted else (lambda name: True)
     for name in names:
         module = importlib.import_module(f"mingru.bench.{name}")
-        rows, meta = module.measure(device, quick, env, keep)
-        meta = {"smoke": quick, "only": only, **meta}
+        rows = module.measure(device, quick, env, keep)
+        merged = []
+        if only:
+            rows, merged = _merge(Path(out) / f"{module.NAME}.json", module.SUBJECT, rows, keep, env)
+        meta = {"smoke": quick, "only": only, "merged_from": merged, **module.summarize(rows, env)}
+        if merged:
+            meta["notes"].append(f"--only {only}: merged with the other rows of earlier runs ({', '.join(merged)})")
         paths += report.write(out, module.NAME, env, rows, meta)
         paths += plots.draw(module.NAME, out)
     return paths
+
+
+def _merge(path, subject, rows, keep, env):
+    """--only replaces the named subjects' rows of an existing result file from the same GPU."""
+    from mingru.bench import report
+
+    if not path.exists():
+        return rows, []
+    old = report.load(path)
+    if old["env"].get("gpu") != env["gpu"] or bool(old["env"].get("smoke")) != bool(env["smoke"]):
+        return rows, []
+    kept = [r for r in old["rows"] if not keep(str(r.get(subject, "")))]
+    if not kept:
+        return rows, []
+    return kept + rows, [old["env"].get("date")] + old["meta"].get("merged_from", [])
 
 
 def main(argv=None):

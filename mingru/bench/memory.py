@@ -7,7 +7,7 @@ from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, failure
 from mingru.bench.timing import Progress, scan_impl
 
-NAME = "scan_memory"
+NAME, SUBJECT = "scan_memory", "mixer"
 LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
 LAB_MIXERS = ("GivensMinGRU[fused]", "GivensMinGRU[generic]", "RotationMinGRU[fused]",
               "RotationMinGRU[generic]")
@@ -76,15 +76,18 @@ def measure(device, quick, env, keep=lambda name: True):
             rows.append({**row, "peak_mb": None, "saved_mb": None, "status": failure(exc)})
     if "triton" not in impls:
         rows.append({"case": "all", "impl": "triton", "status": SKIPPED})
-    meta = {"method": METHOD,
+    return rows
+
+
+def summarize(rows, env):
+    return {"method": METHOD,
             "columns": ["case", "mixer", "impl", "B", "T", "d", "peak_mb", "saved_mb", "status"],
             "notes": [METHOD] + _ratios(rows)}
-    return rows, meta
 
 
 def _ratios(rows):
     """'GivensMinGRU triton: generic / fused peak = 10.3x' for the lab shape."""
-    lab = {(r["mixer"], r["impl"]): r.get("peak_mb") or r.get("saved_mb") for r in rows if r["case"] == "lab"}
+    lab = {(r["mixer"], r["impl"]): r.get("peak_mb") or r.get("saved_mb") for r in rows if r.get("case") == "lab"}
     notes = []
     for (mixer, impl), fused in lab.items():
         if mixer.endswith("[fused]"):

@@ -9,7 +9,7 @@ import torch
 from mingru.bench import cases
 from mingru.bench.timing import Progress, scan_impl
 
-NAME = "scan_parity"
+NAME, SUBJECT = "scan_parity", "op"
 SKIPPED = "skipped: the kernels need a GPU or TRITON_INTERPRET=1"
 BLOCKS = (1, 2, 4, 8, 16)
 
@@ -129,13 +129,17 @@ def measure(device, quick, env, keep=lambda name: True):
         rows.append(check(name, dims, dtype, device))
     if not cases_:
         rows.append({"op": "all", "pass": None, "status": SKIPPED})
-    passed = sum(r["pass"] is True for r in rows)
-    failed = sum(r["pass"] is False for r in rows)
+    return rows
+
+
+def summarize(rows, env):
+    passed = sum(r.get("pass") is True for r in rows)
+    failed = sum(r.get("pass") is False for r in rows)
     gates = {f"{family} float32": {"out": out, "grad": grad, "why": why}
              for family, (out, grad, why) in FLOAT32_GATES.items()}
     gates["all bfloat16"] = dict(zip(("out", "grad", "why"), BFLOAT16_GATE))
     gates["mixer gradients float32"] = {"grad": MIXER_GRAD[0], "why": MIXER_GRAD[1]}
-    meta = {
+    return {
         "summary": {"rows": len(rows), "passed": passed, "failed": failed,
                     "not_run": len(rows) - passed - failed},
         "tolerances": gates,
@@ -149,4 +153,3 @@ def measure(device, quick, env, keep=lambda name: True):
                   f"{len(rows) - passed - failed} did not run (see status)",
                   "gates are atol/rtol; " + "; ".join(f"{k}: {v['why']}" for k, v in gates.items())],
     }
-    return rows, meta

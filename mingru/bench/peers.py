@@ -16,7 +16,7 @@ from mingru.bench import cases
 from mingru.bench.parity import failure
 from mingru.bench.timing import Progress, median_us, scan_impl
 
-NAME = "peers"
+NAME, SUBJECT = "peers", "competitor"
 SHAPES = ((128, 64, 64), (16, 1024, 64), (16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024))
 QUICK_SHAPES = ((1, 8, 4),)
 GATE = (1e-4, 1e-4)  # float32 against the float64 loop, outputs and gradients
@@ -113,8 +113,12 @@ def measure(device, quick, env, keep=lambda name: True):
     for (B, T, D), name in todo:
         progress(f"{name} B{B}-T{T}-D{D}")
         rows += race(name, entries[name], B, T, D, device, quick, runnable)
+    return rows
+
+
+def summarize(rows, env):
     losses = _compare(rows)
-    meta = {
+    return {
         "gate": {"out_and_grad": GATE, "why": "float32 against the float64 sequential loop"},
         "columns": ["competitor", "B", "T", "D", "direction", "us", "ours_x", "err", "status"],
         "losses": losses,
@@ -122,7 +126,6 @@ def measure(device, quick, env, keep=lambda name: True):
                   "direction (above 1: we are faster)",
                   "rows where a peer beats us: " + ("; ".join(losses) or "none")],
     }
-    return rows, meta
 
 
 def _compare(rows):

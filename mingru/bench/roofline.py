@@ -10,7 +10,7 @@ from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, failure, gate
 from mingru.bench.timing import Progress, median_us, scan_impl
 
-NAME = "roofline"
+NAME, SUBJECT = "roofline", "op"
 NAMED = ((16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024), (128, 64, 64), (16, 1024, 64))
 QUICK, QUICK_OPS = ((1, 8, 4), (1, 32, 4)), ("linear_recurrence",)  # the interpreter is slow
 
@@ -74,7 +74,11 @@ def measure(device, quick, env, keep=lambda name: True):
         rows.append(point(op, B, T, D, direction, device, env["copy_gbps"], quick))
     if not runnable:
         rows.append({"op": "all", "status": SKIPPED})
-    meta = {
+    return rows
+
+
+def summarize(rows, env):
+    return {
         "copy_gbps": env["copy_gbps"],
         "bytes_method": "fwd: inputs read once + outputs written once; fwd+bwd adds cotangents "
                         "read + inputs read + input gradients written once (3 in + 2 out), float32",
@@ -84,4 +88,3 @@ def measure(device, quick, env, keep=lambda name: True):
                   "bytes: fwd = inputs + outputs; fwd+bwd = 3 x inputs + 2 x outputs (the minimum "
                   "any implementation must move)"],
     }
-    return rows, meta

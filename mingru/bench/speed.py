@@ -10,7 +10,7 @@ from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, failure, gate
 from mingru.bench.timing import Progress, median_us, scan_impl
 
-NAME = "scan_bench"
+NAME, SUBJECT = "scan_bench", "op"
 SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
 QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
@@ -97,9 +97,13 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def compile_backend(device):
+    # Inductor on the GPU; on the CPU smoke run only dynamo's tracing (inductor's C++ build is slow).
+    return "inductor" if torch.device(device).type == "cuda" else "eager"
+
+
 def measure(device, quick, env, keep=lambda name: True):
     shapes, width, k, layers = (QUICK_SHAPES, QUICK_WIDTH, 4, 2) if quick else (SHAPES, WIDTH, 8, 6)
-    backend = "eager" if device.type == "cpu" else "inductor"
     todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
             for name, dims in subjects(width, k, layers)
             if keep(name) and (not quick or name in QUICK_SUBJECTS)]
@@ -107,16 +111,21 @@ def measure(device, quick, env, keep=lambda name: True):
     rows = []
     for name, dims, shape in todo:
         progress(f"{name} {cases.label(dims)}")
-        rows += measure_subject(name, dims, shape, device, quick, env, backend)
+        rows += measure_subject(name, dims, shape, device, quick, env, compile_backend(device))
+    return rows
+
+
+def summarize(rows, env):
+    backend = compile_backend(env["device"])
     slower = [f"{r['op']} {r['dims']} {r['direction']}: triton {r['triton_x']:.2f}x eager"
-              for r in rows if r["triton_x"] is not None and r["triton_x"] < 1]
-    meta = {
+              for r in rows if r.get("triton_x") is not None and r["triton_x"] < 1]
+    return {
         "compile_backend": backend,
         "method": ("median of triton.testing.do_bench (warm-up, CUDA events, L2 flushed between "
                    "reps) on fresh random non-zero float32 inputs; fwd = inference under no_grad, "
                    "fwd+bwd = forward + backward of random cotangents on every output into .grad "
                    "(grads reset each rep); every competitor checked against eager with the parity "
-                   "gates before timing" if device.type == "cuda" else
+                   "gates before timing" if backend == "inductor" else
                    "CPU smoke run: wall-clock medians of a few calls, not GPU numbers"),
         "columns": ["op", "shape", "dims", "direction", "eager_us", "compile_us", "triton_us",
                     "compile_x", "triton_x", "triton_vs_compile", "status"],
@@ -125,4 +134,3 @@ def measure(device, quick, env, keep=lambda name: True):
                   f"torch.compile backend: {backend} (of the eager path, MINGRU_SCAN=eager)",
                   "rows where triton is slower than eager: " + ("; ".join(slower) or "none")],
     }
-    return rows, meta
