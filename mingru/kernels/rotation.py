@@ -1,0 +1,282 @@
+"""Angle-fused Givens recurrence: h_t = decay_t G_{t,L} ... G_{t,1} h_{t-1} + u_t, in registers.
+
+Each program owns BLOCK_N lanes (b, n) and walks T. A lane's state is kept as its even and odd
+halves E, O (k/2 each): even layers rotate the pairs (E_j, O_j), odd layers (O_j, E_{j+1 mod k/2}),
+so a transition costs O(L k) flops and no k x k matrix ever exists, in registers or in memory.
+
+The backward walks T in reverse with the adjoint lam_t = g_t + decay_{t+1} G_{t+1}^T lam_{t+1}. The
+per-layer intermediates of step t are recomputed from h_{t-1}, read back from the forward output,
+and the layers are undone with G_l^T: rotations are orthogonal, so nothing is ever divided by a
+decay (undoing a step by its inverse amplifies rounding by decay^-T).
+
+A step's loads do not depend on the state, so Triton's software pipeliner prefetches them
+STAGES - 1 steps ahead (cp.async into shared memory, for 32- and 64-bit inputs) while the serial
+chain of rotations runs; that chain, not bandwidth, bounds the walk.
+"""
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from mingru.kernels.common import KERNEL_DTYPES, require
+
+BLOCK_KS = (2, 4, 8, 16)
+MAX_LAYERS = 16
+
+
+@triton.jit
+def _sincos(x):
+    """sin and cos without branches (data-dependent branches would split the loop body): reduce by
+    k pi/2 in two FMA steps, then Taylor polynomials on [-pi/4, pi/4]; float32-exact for |x| < ~1e4."""
+    if x.dtype == tl.float64:
+        s, c = tl.sin(x), tl.cos(x)
+    else:
+        k = tl.floor(x * 0.6366197723675814 + 0.5)
+        r = tl.fma(k, -1.5707963705062866, x)  # float32(pi/2)
+        r = tl.fma(k, 4.371139000186243e-08, r)  # float32(pi/2) - pi/2
+        r2 = r * r
+        sr = r + r * r2 * (-1 / 6 + r2 * (1 / 120 + r2 * (-1 / 5040 + r2 * (1 / 362880))))
+        cr = 1 + r2 * (-1 / 2 + r2 * (1 / 24 + r2 * (-1 / 720 + r2 * (1 / 40320 + r2 * (-1 / 3628800)))))
+        q = k.to(tl.int32)  # quadrant: sin x = (sin r, cos r, -sin r, -cos r)[q mod 4]
+        swap = (q & 1) != 0
+        s = tl.where(swap, cr, sr)
+        c = tl.where(swap, sr, cr)
+        s = tl.where((q & 2) != 0, -s, s)
+        c = tl.where(((q + 1) & 2) != 0, -c, c)
+    return s, c
+
+
+# A program's state tiles are [H, BLOCK_N] with the lanes on the fast axis, so one thread holds whole
+# lanes: rolling E by a row is a select with a constant mask and a sum, which folds away when
+# compiled (x + -0.0 is x exactly), and no layer moves data between threads. Memory is read and
+# written through flat [H * BLOCK_N] vectors reshaped to tiles: a 2-D access with no contiguous
+# axis lets Triton pick a thread order that differs between versions, and re-laying the tiles out
+# through shared memory on every step. Helpers take whole steps, since under the interpreter every
+# nested jit call costs milliseconds.
+
+@triton.jit
+def _roll_masks(H: tl.constexpr):
+    i = tl.arange(0, H)
+    nxt = (i[None, :] == (i[:, None] + 1) % H)[:, :, None]  # row j picks row j + 1
+    prv = (i[None, :] == (i[:, None] + H - 1) % H)[:, :, None]  # row j picks row j - 1
+    return nxt, prv
+
+
+@triton.jit
+def _tile(ptr, mask, like):
+    return tl.reshape(tl.load(ptr, mask=mask, other=0.0), like.shape).to(like.dtype)
+
+
+@triton.jit
+def _rotate(E, O, ang_t, sal, mask, L: tl.constexpr):
+    """Apply one step's L brick-wall layers (angles at ang_t + l * sal): even layers turn (E_j, O_j),
+    odd layers (O_j, E_{j+1})."""
+    nxt, prv = _roll_masks(E.shape[0])
+    for l in tl.static_range(L):
+        s, c = _sincos(_tile(ang_t + l * sal, mask, E))
+        if l % 2 == 0:
+            E, O = c * E - s * O, s * E + c * O
+        else:
+            En = tl.sum(tl.where(nxt, E[None, :, :], -0.0), axis=1)
+            O, En = c * O - s * En, s * O + c * En
+            E = tl.sum(tl.where(prv, En[None, :, :], -0.0), axis=1)
+    return E, O
+
+
+@triton.jit
+def _rotate_back(E, O, NE, NO, ang_t, sal, dang_t, mask, L: tl.constexpr):
+    """Walk one step's layers backwards from its rotated state (E, O) and adjoint (NE, NO), storing
+    the angle gradients at dang_t + l * H; returns the adjoint of the unrotated state.
+
+    A turned pair (p, q) has d p / d theta = -q and d q / d theta = p; the pair and its adjoint go
+    back through G^T, exact because rotations are orthogonal.
+    """
+    H: tl.constexpr = E.shape[0]
+    nxt, prv = _roll_masks(H)
+    for r in tl.static_range(L):
+        l = L - 1 - r
+        s, c = _sincos(_tile(ang_t + l * sal, mask, E))
+        if l % 2 == 0:
+            p, q, a, b = E, O, NE, NO
+        else:
+            p = O
+            q = tl.sum(tl.where(nxt, E[None, :, :], -0.0), axis=1)
+            a = NO
+            b = tl.sum(tl.where(nxt, NE[None, :, :], -0.0), axis=1)
+        dtheta = tl.reshape(b * p - a * q, [H * E.shape[1]])
+        tl.store(dang_t + l * H, dtheta.to(dang_t.dtype.element_ty), mask=mask)
+        p, q = c * p + s * q, c * q - s * p
+        a, b = c * a + s * b, c * b - s * a
+        if l % 2 == 0:
+            E, O, NE, NO = p, q, a, b
+        else:
+            E = tl.sum(tl.where(prv, q[None, :, :], -0.0), axis=1)
+            O = p
+            NE = tl.sum(tl.where(prv, b[None, :, :], -0.0), axis=1)
+            NO = a
+    return NE, NO
+
+
+@triton.jit
+def _store_pair(ptr, E, O, mask):
+    """Store the halves of k-vectors: E at ptr (flat, even slots), O one element later."""
+    flat: tl.constexpr = E.shape[0] * E.shape[1]
+    tl.store(ptr, tl.reshape(E, [flat]).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + 1, tl.reshape(O, [flat]).to(ptr.dtype.element_ty), mask=mask)
+
+
+# Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
+_FWD_INTS = "LANES N T sab sat san sal saj sdb sdt sdn sub sut sun suk s0b s0n s0k".split()
+_BWD_INTS = "LANES N T sgb sgt sgn sgk sab sat san sal saj sdb sdt sdn s0b s0n s0k sdaj".split()
+
+
+@triton.jit(do_not_specialize=_FWD_INTS)
+def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
+                         sab, sat, san, sal, saj, sdb, sdt, sdn, sub, sut, sun, suk, s0b, s0n, s0k,
+                         HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
+                         BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
+    f = tl.arange(0, H * BLOCK_N)  # flat tile index: row j = f // BLOCK_N, lane f % BLOCK_N
+    j = f // BLOCK_N
+    lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
+    live = lane < LANES
+    b, n = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    ang_f = ang + b * sab + n * san + j * saj
+    dec_f = dec + b * sdb + n * sdn
+    u_f = u + b * sub + n * sun + 2 * j * suk
+    h_f = h + (b * T * N + n) * (2 * H) + 2 * j  # h is contiguous (B, T, n, k)
+    E = tl.zeros([H, BLOCK_N], dtype=ACC)
+    O = E
+    if HAS_H0:
+        h0_f = h0 + b * s0b + n * s0n + 2 * j * s0k
+        E = _tile(h0_f, live, E)
+        O = _tile(h0_f + s0k, live, O)
+    # the loads do not depend on the state, so Triton's pipeliner can prefetch STAGES - 1 steps ahead
+    for t in tl.range(0, T, num_stages=STAGES):
+        d = _tile(dec_f + t * sdt, live, E)
+        uE = _tile(u_f + t * sut, live, E)
+        uO = _tile(u_f + t * sut + suk, live, E)
+        E, O = _rotate(E, O, ang_f + t * sat, sal, live, L)
+        E = d * E + uE
+        O = d * O + uO
+        _store_pair(h_f + t * N * 2 * H, E, O, live)
+
+
+@triton.jit(do_not_specialize=_BWD_INTS)
+def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
+                         sgb, sgt, sgn, sgk, sab, sat, san, sal, saj, sdb, sdt, sdn, s0b, s0n, s0k, sdaj,
+                         HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
+                         BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
+    f = tl.arange(0, H * BLOCK_N)
+    j = f // BLOCK_N
+    lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
+    live = lane < LANES
+    b, n = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    ang_f = ang + b * sab + n * san + j * saj
+    dec_f = dec + b * sdb + n * sdn
+    g_f = g + b * sgb + n * sgn + 2 * j * sgk
+    # h, du, dh0, ddecay and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n), (B,T,n,L,k/2)
+    h_f = h + (b * T * N + n) * (2 * H) + 2 * j
+    du_f = du + (b * T * N + n) * (2 * H) + 2 * j
+    dang_f = dang + (b * T * N + n) * (L * H) + j * sdaj
+    lane1 = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # one entry per lane, for ddecay
+    ddec_1 = ddec + (lane1 // N).to(tl.int64) * T * N + lane1 % N
+    h0_f = h0 + b * s0b + n * s0n + 2 * j * s0k
+    # M = decay_{t+1} G_{t+1}^T lam_{t+1}, zero after the last step
+    ME = tl.zeros([H, BLOCK_N], dtype=ACC)
+    MO = ME
+    for s in tl.range(0, T, num_stages=STAGES):
+        t = T - 1 - s
+        LE = _tile(g_f + t * sgt, live, ME) + ME
+        LO = _tile(g_f + t * sgt + sgk, live, MO) + MO
+        # this step's rotated state, recomputed from h_{t-1} (h0, or zeros, at t = 0)
+        prev_f = tl.where(t > 0, h_f + (t - 1) * N * 2 * H, h0_f)
+        has_prev = lane < tl.where((t > 0) | HAS_H0, LANES, 0)  # bool & scalar bool gives ints in the interpreter
+        yE = _tile(prev_f, has_prev, ME)
+        yO = _tile(prev_f + tl.where(t > 0, 1, s0k), has_prev, ME)
+        d = _tile(dec_f + t * sdt, live, ME)
+        yE, yO = _rotate(yE, yO, ang_f + t * sat, sal, live, L)
+        ME, MO = _rotate_back(yE, yO, d * LE, d * LO, ang_f + t * sat, sal, dang_f + t * N * L * H, live, L)
+        _store_pair(du_f + t * N * 2 * H, LE, LO, live)
+        tl.store(ddec_1 + t * N, tl.sum(LE * yE + LO * yO, axis=0).to(ddec.dtype.element_ty), mask=lane1 < LANES)
+    _store_pair(dh0 + (b * N + n) * (2 * H) + 2 * j, ME, MO, live)
+
+
+SMEM_BUDGET = 40 * 1024  # bytes of prefetch buffers: leaves room on GPUs with ~100 KB per SM (L4)
+
+
+def _config(L, H, itemsize, backward):
+    """(BLOCK_N, STAGES, num_warps): the one place where the launch shape is chosen.
+
+    One warp of 32 lanes per program (latency, not bandwidth, bounds a sequential walk, so more
+    programs beat wider ones), and as many prefetched steps as fit the shared-memory budget.
+    """
+    block_n, warps = 32, 1
+    per_lane = (5 * H + 2 * L * H) if backward else (3 * H + L * H)  # elements loaded per step
+    stages = 1 + SMEM_BUDGET // (per_lane * block_n * max(itemsize, 4))
+    return block_n, max(1, min(stages, 4)), warps
+
+
+def _launch_fwd(angles, decay, u, h0, config=None):
+    B, T, N, L, H = angles.shape
+    h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
+    block_n, stages, warps = config or _config(L, H, u.element_size(), backward=False)
+    s0 = h0.stride() if h0 is not None else (0, 0, 0)
+    wrap_triton(_rotation_fwd_kernel)[(triton.cdiv(B * N, block_n),)](
+        angles, decay, u, h0 if h0 is not None else h, h, B * N, N, T,
+        *angles.stride(), *decay.stride(), *u.stride(), *s0,
+        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+    return h
+
+
+def _launch_bwd(g, angles, decay, h0, h, config=None):
+    B, T, N, L, H = angles.shape
+    dangles = torch.empty(angles.shape, dtype=angles.dtype, device=angles.device)
+    ddecay = torch.empty(decay.shape, dtype=decay.dtype, device=decay.device)
+    du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
+    block_n, stages, warps = config or _config(L, H, h.element_size(), backward=True)
+    s0 = h0.stride() if h0 is not None else (0, 0, 0)
+    wrap_triton(_rotation_bwd_kernel)[(triton.cdiv(B * N, block_n),)](
+        g, angles, decay, h0 if h0 is not None else h, h, dangles, ddecay, du, dh0, B * N, N, T,
+        *g.stride(), *angles.stride(), *decay.stride(), *s0, dangles.stride(-1),
+        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+    return dangles, ddecay, du, dh0
+
+
+@triton_op("mingru::rotation_recurrence", mutates_args=())
+def _rotation_op(angles: torch.Tensor, decay: torch.Tensor, u: torch.Tensor,
+                 h0: torch.Tensor | None) -> torch.Tensor:
+    return _launch_fwd(angles, decay, u, h0)
+
+
+@triton_op("mingru::rotation_recurrence_backward", mutates_args=())
+def _rotation_backward_op(g: torch.Tensor, angles: torch.Tensor, decay: torch.Tensor,
+                          h0: torch.Tensor | None, h: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _launch_bwd(g, angles, decay, h0, h)
+
+
+def _setup_context(ctx, inputs, output):
+    angles, decay, _, h0 = inputs
+    ctx.has_h0 = h0 is not None
+    ctx.save_for_backward(angles, decay, h0, output)  # u is not needed: du = lam
+
+
+def _backward(ctx, g):
+    angles, decay, h0, h = ctx.saved_tensors
+    dangles, ddecay, du, dh0 = torch.ops.mingru.rotation_recurrence_backward(g, angles, decay, h0, h)
+    return dangles, ddecay, du, dh0 if ctx.has_h0 else None
+
+
+torch.library.register_autograd("mingru::rotation_recurrence", _backward, setup_context=_setup_context)
+
+
+def rotation_recurrence(angles, decay, u, h0=None):
+    """Entry point for the dispatch seam: the angle-fused kernel, or ScanFallback outside its envelope."""
+    k, L = u.shape[-1], angles.shape[-2]
+    require(u.dtype in KERNEL_DTYPES, f"dtype {u.dtype} is outside the kernel envelope")
+    require(k in BLOCK_KS, f"block size k = {k} is not one of {BLOCK_KS}")
+    require(1 <= L <= MAX_LAYERS, f"{L} rotation layers; the kernel is compiled for 1..{MAX_LAYERS}")
+    require(angles.shape[-1] * 2 == k, f"angles carry {angles.shape[-1]} per layer, expected k/2 = {k // 2}")
+    return torch.ops.mingru.rotation_recurrence(angles, decay, u, h0)
