@@ -44,25 +44,23 @@ def speedup(data):
     colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d"]
     for i, shape in enumerate(shapes):
         ax = fig.add_subplot(len(shapes), 1, i + 1)
-        ops = list(dict.fromkeys(r["op"] for r in rows if r["shape"] == shape))
+        # An op can appear at two layouts (rotation_recurrence k=8 and k=2): group by op and dims.
+        groups = list(dict.fromkeys((r["op"], r["dims"]) for r in rows if r["shape"] == shape))
         width = 0.8 / len(series)
         for j, ((key, direction), color) in enumerate(zip(series, colors)):
-            value = {r["op"]: r.get(key) for r in rows if r["shape"] == shape and r["direction"] == direction}
-            xs = [o + (j - 1.5) * width for o in range(len(ops))]
-            ax.bar(xs, [value.get(op) or NAN for op in ops], width, color=color,
+            value = {(r["op"], r["dims"]): r.get(key) for r in rows
+                     if r["shape"] == shape and r["direction"] == direction}
+            xs = [o + (j - 1.5) * width for o in range(len(groups))]
+            ax.bar(xs, [value.get(group) or NAN for group in groups], width, color=color,
                    label=f"{key[:-2]} {direction}")
         ax.axhline(1, color="black", lw=0.8)
         ax.set_yscale("log")
-        ax.set_xticks(range(len(ops)), [f"{op}\n{_dims(rows, op, shape)}" for op in ops],
+        ax.set_xticks(range(len(groups)), [f"{op}\n{dims}" for op, dims in groups],
                       rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("speedup over eager (x, log)")
         ax.set_title(f"{shape}: speedup over eager PyTorch, {_where(data)}")
         ax.legend(fontsize=8, ncol=4)
     return fig
-
-
-def _dims(rows, op, shape):
-    return next((r["dims"] for r in rows if r["op"] == op and r["shape"] == shape), "")
 
 
 def _roofline_grid(data, key, ylabel, title, copy_line):
@@ -75,12 +73,13 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
             lines = defaultdict(list)
             for r in rows:
                 if r["op"] == op and r["direction"] == direction:
-                    lines[r["BD"]].append((r["T"], r[key]))
-            for bd, points in sorted(lines.items()):
+                    lines[(r["B"] * r["D"], r["B"], r["D"])].append((r["T"], r[key]))
+            for (_, B, D), points in sorted(lines.items()):
                 points.sort()
-                ax.plot(*zip(*points), marker="o", ms=3, label=f"B·D = {bd}")
+                ax.plot(*zip(*points), marker="o", ms=3, label=f"B={B}, D={D}")
             if copy_line:
                 ax.axhline(data["env"]["copy_gbps"], color="black", ls="--", lw=1, label="copy bandwidth")
+                ax.set_ylim(bottom=0)
             else:
                 ax.set_yscale("log")
             ax.set_xscale("log", base=2)
@@ -93,7 +92,7 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
 
 
 def bandwidth(data):
-    """Achieved GB/s against T, one line per B·D, with this run's copy bandwidth."""
+    """Achieved GB/s against T, one line per (B, D), with this run's copy bandwidth."""
     return _roofline_grid(data, "gbps", "achieved GB/s (minimum bytes)", "Triton bandwidth vs T", True)
 
 
@@ -114,9 +113,11 @@ def memory_vs_T(data):
     lines = defaultdict(list)
     for r in _ok(rows, key):
         lines[(r["mixer"], r["impl"])].append((r["T"], r[key]))
+    mixers = sorted({mixer for mixer, _ in lines})
     for (mixer, impl), points in sorted(lines.items()):
         points.sort()
-        ax.plot(*zip(*points), marker="o", ms=3, ls="-" if impl == "triton" else ":", label=f"{mixer} {impl}")
+        ax.plot(*zip(*points), marker="o", ms=3, color=f"C{mixers.index(mixer)}",
+                ls="-" if impl == "triton" else ":", label=f"{mixer} {impl}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
@@ -184,8 +185,9 @@ def peers_time(data):
             ax.bar(xs, [us.get(shape, NAN) for shape in shapes], width, label=name)
         ax.set_yscale("log")
         ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
+        ax.set_xlabel("shape")
         ax.set_ylabel(f"{direction} time (µs, log)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"h_t = exp(g_t) h_(t-1) + x_t against peers (missing bars: see the table), {_where(data)}")
     return fig
 

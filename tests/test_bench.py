@@ -168,3 +168,9 @@ def test_only_merges_into_an_existing_result(tmp_path):
     merged = json.loads((tmp_path / "peers.json").read_text())
     assert {r["competitor"] for r in merged["rows"]} == {"mingru.linear_recurrence", "accelerated_scan"}
     assert merged["meta"]["merged_from"] == [first["env"]["date"]]
+
+
+def test_unknown_harness_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["speed,sped", "--quick"])
+    assert "unknown harness sped" in capsys.readouterr().err

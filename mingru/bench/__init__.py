@@ -1,4 +1,4 @@
-"""Benchmark harnesses: `python -m mingru.bench {speed,roofline,memory,parity,peers,all} [--quick]`.
+"""Benchmark harnesses: `python -m mingru.bench {all|speed,roofline,memory,parity,peers} [--quick]`.
 
 Each writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its figures
 under <out>/figures; every run also writes <out>/env.json. Without --quick it needs a CUDA GPU;
@@ -15,14 +15,14 @@ HARNESSES = ("speed", "roofline", "memory", "parity", "peers")
 
 
 def run(which, quick=False, out="results", only=None):
-    """Run harnesses (a name or 'all'); return the paths written."""
+    """Run harnesses ('all', a name, or names joined by commas); return the paths written."""
     import torch
 
     from mingru import plots
     from mingru.bench import env as environment
     from mingru.bench import report
 
-    names = HARNESSES if which == "all" else (which,)
+    names = HARNESSES if which == "all" else tuple(which.split(","))
     device = torch.device("cpu" if quick else "cuda")
     env = environment.environment(device, smoke=quick)
     paths = [report.write_env(out, env)]
@@ -59,13 +59,16 @@ def _merge(path, subject, rows, keep, env):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mingru.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=HARNESSES + ("all",))
+    parser.add_argument("what", help=f"all, or one or more of {','.join(HARNESSES)} joined by commas")
     parser.add_argument("--quick", action="store_true",
                         help="CPU smoke run on tiny shapes; its numbers are not GPU numbers")
     parser.add_argument("--out", default="results", help="output folder (default: results)")
     parser.add_argument("--only", default=None,
                         help="comma-separated parts of op/mixer/peer names to keep, e.g. matrix,Givens")
     args = parser.parse_args(argv)
+    unknown = set(args.what.split(",")) - set(HARNESSES) if args.what != "all" else set()
+    if unknown:
+        parser.error(f"unknown harness {', '.join(sorted(unknown))}; choose all or {', '.join(HARNESSES)}")
     import torch
     if not args.quick and not torch.cuda.is_available():
         parser.error("the benchmarks need a CUDA GPU; use --quick for a CPU smoke run")

@@ -43,8 +43,11 @@ def gpu_record():
     # nvidia-smi knows the driver version; torch only knows the CUDA driver API version.
     driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     if driver is None:
-        api = torch._C._cuda_getDriverVersion()
-        driver = f"CUDA driver API {api // 1000}.{api % 1000 // 10}"
+        try:
+            api = torch._C._cuda_getDriverVersion()
+            driver = f"CUDA driver API {api // 1000}.{api % 1000 // 10}"
+        except (AttributeError, RuntimeError):
+            driver = "unknown"
     return {"gpu": props.name, "gpu_capability": f"sm_{props.major}{props.minor}",
             "gpu_memory_gb": round(props.total_memory / 2**30, 1), "driver": driver.splitlines()[0]}
 
