@@ -35,6 +35,17 @@ def _ok(rows, key):
     return [r for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
 
 
+def _grouped_bars(ax, groups, series):
+    """One bar per series in every group; series: [(label, {group: value}, color)]. Returns the x's."""
+    width = 0.8 / max(len(series), 1)
+    positions = []
+    for j, (label, values, color) in enumerate(series):
+        xs = [g + (j - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [values.get(group) or NAN for group in groups], width, label=label, color=color)
+        positions.append(xs)
+    return positions
+
+
 def speedup(data):
     """Bars of eager time / competitor time per op, one panel per shape, log scale."""
     rows = _ok(data["rows"], "eager_us")
@@ -46,13 +57,10 @@ def speedup(data):
         ax = fig.add_subplot(len(shapes), 1, i + 1)
         # An op can appear at two layouts (rotation_recurrence k=8 and k=2): group by op and dims.
         groups = list(dict.fromkeys((r["op"], r["dims"]) for r in rows if r["shape"] == shape))
-        width = 0.8 / len(series)
-        for j, ((key, direction), color) in enumerate(zip(series, colors)):
-            value = {(r["op"], r["dims"]): r.get(key) for r in rows
-                     if r["shape"] == shape and r["direction"] == direction}
-            xs = [o + (j - 1.5) * width for o in range(len(groups))]
-            ax.bar(xs, [value.get(group) or NAN for group in groups], width, color=color,
-                   label=f"{key[:-2]} {direction}")
+        _grouped_bars(ax, groups, [
+            (f"{key[:-2]} {direction}", {(r["op"], r["dims"]): r.get(key) for r in rows
+                                        if r["shape"] == shape and r["direction"] == direction}, color)
+            for (key, direction), color in zip(series, colors)])
         ax.axhline(1, color="black", lw=0.8)
         ax.set_yscale("log")
         ax.set_xticks(range(len(groups)), [f"{op}\n{dims}" for op, dims in groups],
@@ -151,16 +159,14 @@ def parity_worst(data):
     ops = list(dict.fromkeys(r["op"] for r in rows))
     for i, (key, gate, what) in enumerate((("out_err", "out_gate", "outputs"), ("grad_err", "grad_gate", "gradients"))):
         ax = fig.add_subplot(2, 1, i + 1)
-        width = 0.8 / max(len(dtypes), 1)
-        for j, dtype in enumerate(dtypes):
-            worst, atol = {}, {}
-            for r in rows:
-                if r["dtype"] == dtype and isinstance(r.get(key), float):
-                    worst[r["op"]] = max(worst.get(r["op"], TINY), r[key])
-                    atol[r["op"]] = float(r[gate].split("/")[0])
-            xs = [o + (j - (len(dtypes) - 1) / 2) * width for o in range(len(ops))]
-            ax.bar(xs, [worst.get(op, NAN) for op in ops], width, label=f"{dtype} worst error")
-            ax.scatter(xs, [atol.get(op, NAN) for op in ops], marker="_", s=200, color="black",
+        worst, atol = defaultdict(dict), {}
+        for r in rows:
+            if isinstance(r.get(key), float):
+                worst[r["dtype"]][r["op"]] = max(worst[r["dtype"]].get(r["op"], TINY), r[key])
+                atol[r["dtype"], r["op"]] = float(r[gate].split("/")[0])
+        positions = _grouped_bars(ax, ops, [(f"{dtype} worst error", worst[dtype], None) for dtype in dtypes])
+        for j, (dtype, xs) in enumerate(zip(dtypes, positions)):
+            ax.scatter(xs, [atol.get((dtype, op), NAN) for op in ops], marker="_", s=200, color="black",
                        label="gate atol" if j == 0 else None, zorder=3)
         ax.set_yscale("log")
         ax.set_xticks(range(len(ops)), ops, rotation=25, ha="right", fontsize=8)
@@ -177,12 +183,9 @@ def peers_time(data):
     names = list(dict.fromkeys(r["competitor"] for r in data["rows"]))
     for i, direction in enumerate(("fwd", "fwd+bwd")):
         ax = fig.add_subplot(2, 1, i + 1)
-        width = 0.8 / max(len(names), 1)
-        for j, name in enumerate(names):
-            us = {(r["B"], r["T"], r["D"]): r["us"] for r in rows
-                  if r["competitor"] == name and r["direction"] == direction}
-            xs = [s + (j - (len(names) - 1) / 2) * width for s in range(len(shapes))]
-            ax.bar(xs, [us.get(shape, NAN) for shape in shapes], width, label=name)
+        _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["D"]): r["us"] for r in rows
+                                           if r["competitor"] == name and r["direction"] == direction}, None)
+                                   for name in names])
         ax.set_yscale("log")
         ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
         ax.set_xlabel("shape")

@@ -37,6 +37,11 @@ class Job:
         return tuple(x for x in self.inputs if x is not None and x.requires_grad) + self.params
 
 
+def kernels_run(device, env):
+    """Triton kernels run on CUDA, or on the CPU through the interpreter (TRITON_INTERPRET=1)."""
+    return device.type == "cuda" or env["triton_interpret"]
+
+
 def label(dims):
     """'B128-T64-D64', with '-h0' when a start state is passed."""
     text = "-".join(f"{k}{v}" for k, v in dims.items() if k != "h0")

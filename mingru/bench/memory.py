@@ -59,7 +59,7 @@ def peak(name, dims, impl, device):
 def measure(device, quick, env, keep=lambda name: True):
     lab = QUICK_LAB if quick else LAB
     Ts, B, mixers = (QUICK_VS_T, QUICK_VS_T_B, QUICK_VS_T_MIXERS) if quick else (VS_T, VS_T_B, cases.MIXERS)
-    impls = ("eager", "triton") if device.type == "cuda" or env["triton_interpret"] else ("eager",)
+    impls = ("eager", "triton") if cases.kernels_run(device, env) else ("eager",)
     todo = [("lab", name, lab) for name in (QUICK_LAB_MIXERS if quick else LAB_MIXERS)]
     todo += [("vs-T", name, {**lab, "B": B, "T": T}) for name in mixers for T in Ts]
     todo = [(case, name, dims, impl) for case, name, dims in todo if keep(name) for impl in impls]

@@ -106,7 +106,7 @@ def race(name, entry, B, T, D, device, quick, runnable):
 
 def measure(device, quick, env, keep=lambda name: True):
     entries = {k: v for k, v in competitors().items() if keep(k)}
-    runnable = device.type == "cuda" or env["triton_interpret"]
+    runnable = cases.kernels_run(device, env)
     todo = [(shape, name) for shape in (QUICK_SHAPES if quick else SHAPES) for name in entries]
     progress = Progress("peers", len(todo))
     rows = []

@@ -65,7 +65,7 @@ def point(op, B, T, D, direction, device, copy_gbps, quick):
 
 def measure(device, quick, env, keep=lambda name: True):
     ops = [op for op in (QUICK_OPS if quick else cases.DIAGONAL) if keep(op)]
-    runnable = device.type == "cuda" or env["triton_interpret"]
+    runnable = cases.kernels_run(device, env)
     todo = [(op, *shape, direction) for shape in grid(quick) for op in ops for direction in ("fwd", "fwd+bwd")]
     progress = Progress("roofline", len(todo))
     rows = []

@@ -63,7 +63,7 @@ def measure_subject(name, dims, shape, device, quick, env, backend):
     g = gate(name, torch.float32)
     compiled = _compiled(job.fn, backend)
     reps = 1 if quick else 3
-    triton_ok = device.type == "cuda" or env["triton_interpret"]
+    triton_ok = cases.kernels_run(device, env)
     rows = []
     for direction in DIRECTIONS:
         run = job if direction == "fwd" else job.requiring_grad()
