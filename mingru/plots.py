@@ -35,6 +35,11 @@ def _ok(rows, key):
     return [r for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
 
 
+def _legend(ax, **kwargs):
+    if ax.get_legend_handles_labels()[0]:  # an empty smoke-run panel has nothing to name
+        ax.legend(**kwargs)
+
+
 def _grouped_bars(ax, groups, series):
     """One bar per series in every group; series: [(label, {group: value}, color)]. Returns the x's."""
     width = 0.8 / max(len(series), 1)
@@ -67,7 +72,7 @@ def speedup(data):
                       rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("speedup over eager (x, log)")
         ax.set_title(f"{shape}: speedup over eager PyTorch, {_where(data)}")
-        ax.legend(fontsize=8, ncol=4)
+        _legend(ax, fontsize=8, ncol=4)
     return fig
 
 
@@ -94,7 +99,7 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
             ax.set_xlabel("sequence length T")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{op} {direction}", fontsize=10)
-            ax.legend(fontsize=7)
+            _legend(ax, fontsize=7)
     fig.suptitle(f"{title}, {_where(data)}")
     return fig
 
@@ -131,7 +136,7 @@ def memory_vs_T(data):
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("peak allocated (MiB, log)" if key == "peak_mb" else "saved for backward (MiB, log)")
     ax.set_title(f"Memory of forward + backward vs T, {_where(data)}")
-    ax.legend(fontsize=7, ncol=2)
+    _legend(ax, fontsize=7, ncol=2)
     return fig
 
 
@@ -171,7 +176,7 @@ def parity_worst(data):
         ax.set_yscale("log")
         ax.set_xticks(range(len(ops)), ops, rotation=25, ha="right", fontsize=8)
         ax.set_ylabel(f"max |triton - eager|, {what}")
-        ax.legend(fontsize=8)
+        _legend(ax, fontsize=8)
     fig.suptitle(f"Parity with eager, worst row per op ({len(data['rows'])} rows), {_where(data)}")
     return fig
 
@@ -190,7 +195,7 @@ def peers_time(data):
         ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
         ax.set_xlabel("shape")
         ax.set_ylabel(f"{direction} time (µs, log)")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"h_t = exp(g_t) h_(t-1) + x_t against peers (missing bars: see the table), {_where(data)}")
     return fig
 

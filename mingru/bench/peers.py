@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import mingru
 from mingru import naive
 from mingru.bench import cases
-from mingru.bench.parity import failure
+from mingru.bench.parity import SKIPPED, failure
 from mingru.bench.timing import Progress, median_us, scan_impl
 
 NAME, SUBJECT = "peers", "competitor"
@@ -69,7 +69,7 @@ def race(name, entry, B, T, D, device, quick, runnable):
     if fn is None:
         return [{**r, "us": None, "status": why} for r in rows]
     if not runnable:
-        return [{**r, "us": None, "status": "skipped: Triton needs a GPU or TRITON_INTERPRET=1"} for r in rows]
+        return [{**r, "us": None, "status": SKIPPED} for r in rows]
     g = -F.softplus(torch.randn(B, T, D, device=device))
     x, h0 = F.softplus(torch.randn(B, T, D, device=device)), F.softplus(torch.randn(B, D, device=device))
     job = cases.Job(name, fn, prepare(g, x, h0)).requiring_grad()

@@ -43,13 +43,16 @@ def median_us(fn, device, grad_to_none=(), reps=3):
 
 
 class Progress:
-    """One stderr line per item, '[speed 3/40 0:12] linear_scan B128-T64-D64', for long sweeps."""
+    """Stderr lines '[speed 3/40 0:12] linear_scan B128-T64-D64' for long sweeps, at most ~50 a sweep."""
 
     def __init__(self, name, total):
         self.name, self.total, self.done, self.start = name, total, 0, time.monotonic()
+        self.every = max(1, total // 50)
 
     def __call__(self, what):
         self.done += 1
+        if self.done % self.every and self.done != self.total:
+            return
         elapsed = int(time.monotonic() - self.start)
         print(f"[{self.name} {self.done}/{self.total} {elapsed // 60}:{elapsed % 60:02d}] {what}",
               file=sys.stderr, flush=True)
