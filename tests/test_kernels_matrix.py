@@ -126,10 +126,12 @@ def test_float16_recurrence(device):
 
 
 def test_non_contiguous_inputs(device):
-    """Transposed inner dims (copied), a batch broadcast (stride 0) and a strided slice over time."""
+    """Transposed inner dims and a time stride that is no multiple of k*v (both copied), a batch
+    broadcast (stride 0) and a strided slice over time (both used in place)."""
     A, X, h0 = _inputs("recurrence", 1, 12, 2, 4, 2, torch.float32, device)
     A_t = A.transpose(-1, -2).contiguous().transpose(-1, -2).expand(2, -1, -1, -1, -1)
-    X_s = torch.cat([X, X + 1], 0)[:, ::2]
+    padded = torch.cat([torch.cat([X, X + 1], 0).flatten(2), torch.zeros(2, 12, 1, device=device)], 2)
+    X_s = padded.as_strided((2, 12, 2, 4, 2), (12 * 17, 17, 8, 2, 1))[:, ::2]
     A_s = A_t[:, ::2]
     h0 = h0.expand(2, -1, -1, -1)
     for plan in ({}, SPLIT):

@@ -49,30 +49,36 @@ def _eye(BN: tl.constexpr, K: tl.constexpr, F64: tl.constexpr):
 
 @triton.jit
 def _tile(ptr, sb, sn, b, i, R: tl.constexpr, C: tl.constexpr):
-    """Pointers to every lane's R x C block at t = 0 (inner dims dense, row-major)."""
-    inner = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
-    return ptr + (b * sb + i * sn)[:, None, None] + inner[None, :, :]
+    """Pointers [BN, R*C] to every lane's R x C block at t = 0.
+
+    The block is flat and its offset a known multiple of R*C (the launcher guarantees it), so
+    a lane's block is one vector load held by one thread instead of being spread over several.
+    """
+    base = tl.multiple_of(b * sb + i * sn, R * C)
+    return ptr + base[:, None] + tl.arange(0, R * C)[None, :]
 
 
 @triton.jit
 def _blk(x):
-    """A scalar as a [1,1,1] block: the interpreter rejects masks that mix blocks and scalars."""
-    return x + tl.zeros([1, 1, 1], tl.int32)
+    """A scalar as a [1,1] block: the interpreter rejects masks that mix blocks and scalars."""
+    return x + tl.zeros([1, 1], tl.int32)
 
 
 @triton.jit
-def _load(tile, t, st, mask, F64: tl.constexpr):
+def _load(tile, t, st, mask, R: tl.constexpr, C: tl.constexpr, F64: tl.constexpr):
+    """Every lane's R x C block at time t, as [BN, R, C] in the accumulation dtype."""
     x = tl.load(tile + t * st, mask=mask, other=0.0)
     if F64:
         y = x.to(tl.float64)
     else:
         y = x.to(tl.float32)
-    return y
+    return tl.reshape(y, [y.shape[0], R, C])
 
 
 @triton.jit
 def _store(tile, t, st, x, mask):
-    tl.store(tile + t * st, x.to(tile.dtype.element_ty), mask=mask)
+    flat = tl.reshape(x, [x.shape[0], x.shape[1] * x.shape[2]])
+    tl.store(tile + t * st, flat.to(tile.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -86,10 +92,14 @@ def _mm(a, s, TRANS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
         if TRANS:
             a = tl.permute(a, (0, 2, 1))
         y = tl.dot(a, s, input_precision=PREC)
-    elif TRANS:
-        y = tl.sum(a[:, :, :, None] * s[:, :, None, :], axis=1)
     else:
-        y = tl.sum(a[:, :, :, None] * s[:, None, :, :], axis=2)
+        BN: tl.constexpr = a.shape[0]
+        K: tl.constexpr = a.shape[1]
+        W: tl.constexpr = s.shape[2]
+        if TRANS:
+            y = tl.sum(tl.reshape(a, [BN, K, K, 1]) * tl.reshape(s, [BN, K, 1, W]), axis=1)
+        else:
+            y = tl.sum(tl.reshape(a, [BN, K, K, 1]) * tl.reshape(s, [BN, 1, K, W]), axis=2)
     return y
 
 
@@ -99,7 +109,10 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
     if DOT:
         z = tl.dot(x, tl.permute(y, (0, 2, 1)), input_precision=PREC)
     else:
-        z = tl.sum(x[:, :, None, :] * y[:, None, :, :], axis=3)
+        BN: tl.constexpr = x.shape[0]
+        K: tl.constexpr = x.shape[1]
+        W: tl.constexpr = x.shape[2]
+        z = tl.sum(tl.reshape(x, [BN, K, 1, W]) * tl.reshape(y, [BN, 1, K, W]), axis=3)
     return z
 
 
@@ -107,13 +120,13 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t, end, live, eye,
-              PMODE: tl.constexpr, F64: tl.constexpr):
+              K: tl.constexpr, V: tl.constexpr, PMODE: tl.constexpr, F64: tl.constexpr):
     ok = _blk(t) < end  # steps past the chunk are the identity (I, 0)
-    a = tl.where(ok, _load(a_tile, t, a_st, live & ok, F64), eye)
-    xh = _load(xh_tile, t, xh_st, live & ok, F64)
+    a = tl.where(ok, _load(a_tile, t, a_st, live & ok, K, K, F64), eye)
+    xh = _load(xh_tile, t, xh_st, live & ok, K, V, F64)
     xp = 0.0
     if PMODE == ADJ:
-        xp = _load(xp_tile, t, xp_st, live & ok, F64)
+        xp = _load(xp_tile, t, xp_st, live & ok, K, K, F64)
     return a, xp, xh
 
 
@@ -142,7 +155,7 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_
                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
     """Walk chunk program_id(1) of BN lanes. LAST_ONLY writes only the final state, at row c."""
     lane = tl.program_id(0) * BN + tl.arange(0, BN)
-    live = (lane < L)[:, None, None]
+    live = (lane < L)[:, None]
     b = (lane // NL).to(tl.int64)
     i = (lane % NL).to(tl.int64)
     c = tl.program_id(1)
@@ -157,8 +170,8 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_
 
     H = _zeros(BN, K, V, F64)
     if HAS_H0:
-        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, F64)
-    P = 0.0
+        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
+    P = _zeros(BN, 1, 1, F64)  # placeholder: loop-carried values must be tensors
     if PMODE == PROD:
         P = eye
     if PMODE == ADJ:
@@ -166,22 +179,22 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_
     if HAS_CARRY:  # the carry pass wrote the state after chunk c-1 at row c-1
         has = _blk(c) > 0
         prev = tl.maximum(c - 1, 0)
-        H = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), prev, ch_st, live & has, F64), H)
+        H = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), prev, ch_st, live & has, K, V, F64), H)
         if PMODE != NO_P:
-            P = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), prev, cp_st, live & has, F64), P)
+            P = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), prev, cp_st, live & has, K, K, F64), P)
 
     # UNROLL steps per iteration: their loads do not depend on the state, so all are issued
     # before the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
     for t0 in tl.range(start, end, UNROLL, num_stages=STAGES):
-        a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, PMODE, F64)
+        a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, K, V, PMODE, F64)
         if UNROLL >= 2:
             a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 1, end, live, eye,
-                                     PMODE, F64)
+                                     K, V, PMODE, F64)
         if UNROLL >= 4:
             a2, xp2, xh2 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 2, end, live, eye,
-                                     PMODE, F64)
+                                     K, V, PMODE, F64)
             a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
-                                     PMODE, F64)
+                                     K, V, PMODE, F64)
         P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
                          PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
         if UNROLL >= 2:
@@ -202,21 +215,22 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_
 
 @triton.jit
 def _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st, h_init,
-              t, start, T, live, eye, HAS_P: tl.constexpr, GRADS: tl.constexpr, F64: tl.constexpr):
+              t, start, T, live, eye, K: tl.constexpr, V: tl.constexpr, HAS_P: tl.constexpr,
+              GRADS: tl.constexpr, F64: tl.constexpr):
     tt = _blk(t)
     ok = tt >= start  # steps before the chunk are the identity
-    a = tl.where(ok, _load(a_tile, t + 1, a_st, live & ok & (tt + 1 < T), F64), eye)  # A_T = 0
-    gh = _load(gh_tile, t, gh_st, live & ok, F64)
+    a = tl.where(ok, _load(a_tile, t + 1, a_st, live & ok & (tt + 1 < T), K, K, F64), eye)  # A_T = 0
+    gh = _load(gh_tile, t, gh_st, live & ok, K, V, F64)
     gp = 0.0
     sp = 0.0
     sh = 0.0
     if HAS_P:
-        gp = _load(gp_tile, t, gp_st, live & ok, F64)
+        gp = _load(gp_tile, t, gp_st, live & ok, K, K, F64)
     if GRADS:  # the state before step t: S_{t-1}, or the initial [I | h0] at t = 0
         has_prev = ok & (tt >= 1)
-        sh = tl.where(tt >= 1, _load(sh_tile, t - 1, sh_st, live & has_prev, F64), h_init)
+        sh = tl.where(tt >= 1, _load(sh_tile, t - 1, sh_st, live & has_prev, K, V, F64), h_init)
         if HAS_P:
-            sp = tl.where(tt >= 1, _load(sp_tile, t - 1, sp_st, live & has_prev, F64), eye)
+            sp = tl.where(tt >= 1, _load(sp_tile, t - 1, sp_st, live & has_prev, K, K, F64), eye)
     return a, gp, gh, sp, sh
 
 
@@ -253,7 +267,7 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     """Walk chunk c backwards. GRADS writes dA, dX (and dh0); otherwise the chunk's aggregate
     lam_start = M lam_end + y goes to row NCHUNK-1-c (reversed, so the carry pass runs forward)."""
     lane = tl.program_id(0) * BN + tl.arange(0, BN)
-    live = (lane < L)[:, None, None]
+    live = (lane < L)[:, None]
     b = (lane // NL).to(tl.int64)
     i = (lane % NL).to(tl.int64)
     c = tl.program_id(1)
@@ -269,37 +283,37 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     dx_tile = _tile(DX, dx_sb, dx_sn, b, i, K, V)
 
     LH = _zeros(BN, K, V, F64)
-    LP = 0.0
+    LP = _zeros(BN, 1, 1, F64)  # placeholders: loop-carried values must be tensors
     if HAS_P:
         LP = _zeros(BN, K, K, F64)
-    M = 0.0
+    M = _zeros(BN, 1, 1, F64)
     if not GRADS:
         M = eye
     if HAS_CARRY:  # lam at the first step of chunk c+1, written by the carry pass at row NCHUNK-2-c
         has = _blk(c) < NCHUNK - 1
         row = tl.maximum(NCHUNK - 2 - c, 0)
-        LH = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), row, ch_st, live & has, F64), LH)
+        LH = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), row, ch_st, live & has, K, V, F64), LH)
         if HAS_P:
-            LP = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), row, cp_st, live & has, F64), LP)
+            LP = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), row, cp_st, live & has, K, K, F64), LP)
     h_init = _zeros(BN, K, V, F64)
     if HAS_H0:
-        h_init = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, F64)
+        h_init = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
 
     for j0 in tl.range(0, end - start, UNROLL, num_stages=STAGES):
         t0 = end - 1 - j0
         a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, HAS_P, GRADS, F64)
+                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
         if UNROLL >= 2:
             a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                                sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
-                                               HAS_P, GRADS, F64)
+                                               K, V, HAS_P, GRADS, F64)
         if UNROLL >= 4:
             a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                                sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
-                                               HAS_P, GRADS, F64)
+                                               K, V, HAS_P, GRADS, F64)
             a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                                sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
-                                               HAS_P, GRADS, F64)
+                                               K, V, HAS_P, GRADS, F64)
         M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
                               live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
         if UNROLL >= 2:
@@ -314,7 +328,7 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     if GRADS:
         if HAS_H0:  # dh0 = A_1^T lam_1, from the program that walked t = 0
             first = live & (_blk(c) == 0)
-            a = _load(a_tile, 0, a_st, first, F64)
+            a = _load(a_tile, 0, a_st, first, K, K, F64)
             _store(_tile(DH0, dh0_sb, dh0_sn, b, i, K, V), 0, 0, _mm(a, LH, True, DOT_H, PREC), first)
     else:
         row = NCHUNK - 1 - c
@@ -385,11 +399,12 @@ def _pow2_floor(n):
 # ---- launches -----------------------------------------------------------------------------
 
 def _dense(x):
-    """Inner two dims dense row-major (any outer strides, broadcasts included); copy otherwise."""
+    """x itself if its (R, C) blocks are dense and every outer stride is a multiple of R*C (what
+    the kernels' block loads assume; broadcasts with stride 0 qualify), else a contiguous copy."""
     rows, cols = x.shape[-2:]
-    if (x.stride(-1) == 1 or cols == 1) and (x.stride(-2) == cols or rows == 1):
-        return x
-    return x.contiguous()
+    inner = (x.stride(-1) == 1 or cols == 1) and (x.stride(-2) == cols or rows == 1)
+    outer = all(s % (rows * cols) == 0 or d == 1 for s, d in zip(x.stride()[:-2], x.shape[:-2]))
+    return x if inner and outer else x.contiguous()
 
 
 def _seq(x):
@@ -519,7 +534,7 @@ torch.library.register_autograd("mingru::matrix_affine_scan", _affine_grad, setu
 def _matrix_scan(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     M = _dense(M)
     Abar, Bc = M.new_empty(M.shape), M.new_empty(b.shape)
-    _forward(M, b.unsqueeze(-1), None, Bc.unsqueeze(-1), Abar)
+    _forward(M, _dense(b.unsqueeze(-1)), None, Bc.unsqueeze(-1), Abar)
     return Abar, Bc
 
 
@@ -528,7 +543,7 @@ def _matrix_scan_backward(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor,
                           gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     M = _dense(M)
     dM, db = M.new_empty(M.shape), M.new_empty(Bc.shape)
-    _backward(M, Abar, Bc.unsqueeze(-1), None, _dense(gA), gB.unsqueeze(-1), dM, db.unsqueeze(-1), None)
+    _backward(M, Abar, Bc.unsqueeze(-1), None, _dense(gA), _dense(gB.unsqueeze(-1)), dM, db.unsqueeze(-1), None)
     return dM, db
 
 
