@@ -106,6 +106,8 @@ def plot(data, path=None):
         err_ax.plot(ks, [max(r["err_out"], 1e-12) for r in mine], color=color, marker=marker, label=label)
         if variant != "eager" and all(r["fwd_us"] is not None for r in mine):
             time_ax.plot(ks, [r["fwd_us"] for r in mine], color=color, marker=marker, label=label)
+    if not time_ax.lines:
+        time_ax.text(0.5, 0.5, "not timed in this run", ha="center", va="center", transform=time_ax.transAxes)
     err_ax.axhline(data["meta"].get("gate", GATE), color="k", ls=":", lw=1, label="parity gate")
     err_ax.set(xscale="log", yscale="log", xlabel="block size k (v = k)",
                ylabel="max abs error vs float64", title="matrix_affine_scan outputs, float32")

@@ -9,6 +9,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,9 +84,35 @@ def run_notebook(key, smoke, out, kernel):
         params["RESULTS_DIR"] = str(RESULTS)
     else:
         target = source
-    papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name=kernel,
-                               cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+    with quiet_stderr() as log:
+        try:
+            papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name=kernel,
+                                       cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+        except Exception as err:
+            raise RuntimeError(f"{err}\nkernel stderr (last lines):\n{log.tail()}\n"
+                               f"the executed notebook, with the error: {target}") from err
     return target
+
+
+class quiet_stderr:
+    """Send file descriptor 2 to a temporary file: the kernel's start-up chatter is no progress line."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile(mode="w+")
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        return False
+
+    def tail(self, lines=10):
+        self.file.seek(0)
+        return "\n".join(self.file.read().strip().splitlines()[-lines:])
 
 
 def recorded(name, results_dir, chapter):

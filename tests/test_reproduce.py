@@ -52,3 +52,13 @@ def test_smoke_path_runs_chapter_01(tmp_path, capsys):
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert outputs and not [o for o in outputs if o["output_type"] == "error"]
     assert (reproduce.NOTEBOOKS / "01_monoid.ipynb").read_text() == committed, "smoke runs never write in place"
+
+
+def test_a_failed_step_is_reported_and_sets_the_exit_code(tmp_path, monkeypatch, capsys):
+    def broken(*args):
+        raise RuntimeError("cell 3 raised ZeroDivisionError")
+    monkeypatch.setattr(reproduce, "run_notebook", broken)
+    assert reproduce.main(["02", "--smoke", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "execute 02_kernel_layout.ipynb: FAILED" in captured.out and "ZeroDivisionError" in captured.out
+    assert "1 step(s) failed: 02_kernel_layout" in captured.err
