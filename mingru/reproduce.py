@@ -49,6 +49,9 @@ def parse_args(argv):
                         help="take the CPU smoke path even on a GPU machine")
     parser.add_argument("--out", type=Path, default=ROOT / "scratch_out",
                         help="scratch folder of the smoke path (default: scratch_out/)")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="skip every measurement: execute the notebooks from the results/ already there "
+                             "(to split a GPU run across several device calls)")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
     return parser.parse_args(argv)
 
@@ -72,12 +75,12 @@ def run_step(step, smoke, out):
         raise RuntimeError(f"`python -m {' '.join(step)}` exited with {done.returncode}:\n{tail}")
 
 
-def run_notebook(key, smoke, out, kernel):
+def run_notebook(key, smoke, out, kernel, measure=True):
     import papermill
     name, steps, _ = CHAPTERS[key]
     source = NOTEBOOKS / f"{name}.ipynb"
     # A chapter whose harness ran just before need not measure again inside the notebook.
-    params = {"SMOKE": smoke, "MEASURE": not steps}
+    params = {"SMOKE": smoke, "MEASURE": measure and not steps}
     if smoke:
         target = out / "notebooks" / source.name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +153,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     smoke = args.smoke or not has_gpu()
     keys = [args.chapter] if args.chapter else list(CHAPTERS)
-    steps = CHAPTERS[args.chapter][1] if args.chapter else ALL_STEPS
+    steps = [] if args.no_measure else CHAPTERS[args.chapter][1] if args.chapter else ALL_STEPS
     out = args.out.resolve()
     if smoke:
         print(f"CPU smoke run (no GPU{' used' if args.smoke else ' here'}): measurements run with --quick "
@@ -165,7 +168,7 @@ def main(argv=None):
     for key in keys:
         name = CHAPTERS[key][0]
         print(f"[{key}] {name}", flush=True)
-        if not timed(f"execute {name}.ipynb", lambda: run_notebook(key, smoke, out, args.kernel)):
+        if not timed(f"execute {name}.ipynb", lambda: run_notebook(key, smoke, out, args.kernel, not args.no_measure)):
             failed.append(name)
     if smoke:
         needs_gpu = [f"  [{key}] {CHAPTERS[key][2]}" for key in keys if CHAPTERS[key][2]]
