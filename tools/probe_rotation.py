@@ -59,7 +59,8 @@ def bench(fn):
 
 
 def peak_mb(fn):
-    """Peak bytes allocated during fn, inputs already on the device included (they are live at reset)."""
+    """Peak MB allocated during fn, counting what is live at the start (inputs, parameters). Run
+    before any do_bench: Triton keeps its L2-flush buffer (64 MiB seen on the H200) alive after it."""
     if SMOKE:
         fn()
         return float("nan")
@@ -128,8 +129,8 @@ def gbytes(xs, h, backward):
 
 def timings():
     section("fwd and fwd+bwd µs (do_bench median), float32; kernel = launches only, op = through "
-            "dispatch + autograd; peak MB of fwd+bwd with inputs")
-    print(f"{'mixer':9s} {'B':>4s} {'T':>5s} {'path':15s} {'fwd':>9s} {'fwd+bwd':>9s} {'peak MB':>8s} {'note'}")
+            "dispatch + autograd")
+    print(f"{'mixer':9s} {'B':>4s} {'T':>5s} {'path':15s} {'fwd':>9s} {'fwd+bwd':>9s} {'note'}")
     for name, m in MIXERS.items():
         for B, T in SHAPES:
             if left() < 40:
@@ -145,45 +146,72 @@ def timings():
             tb = bench(lambda: R._launch_bwd(cot, xs[0], xs[1], None, R._launch_fwd(*xs)))
             gbs = f"fwd {gbytes(xs, h, False) / tf * 1e6:6.1f} GB/s, bwd {gbytes(xs, h, True) / (tb - tf) * 1e6:6.1f} GB/s, " \
                   f"{tf / T * 1e3:6.1f} ns/step fwd"
-            rows.append(("fused kernels", tf, tb, float("nan"), gbs))
+            rows.append(("fused kernels", tf, tb, gbs))
             for path, fn in [("fused op", mingru.rotation_recurrence), ("dense generic", dense_generic),
                              ("dense eager", dense_eager)]:
                 try:
                     with torch.no_grad():
                         t1 = bench(lambda: fn(*xs[:3]))
                     t2 = bench(lambda: torch.autograd.grad(fn(*req), req, cot))
-                    mb = peak_mb(lambda: torch.autograd.grad(fn(*req), req, cot))
-                    rows.append((path, t1, t2, mb, ""))
+                    rows.append((path, t1, t2, ""))
                 except Exception as err:  # a path another engineer owns may not run yet
-                    rows.append((path, float("nan"), float("nan"), float("nan"), f"{type(err).__name__}: {err}"[:90]))
-            for path, t1, t2, mb, note in rows:
-                print(f"{name:9s} {B:4d} {T:5d} {path:15s} {t1:9.1f} {t2:9.1f} {mb:8.2f} {note}", flush=True)
+                    rows.append((path, float("nan"), float("nan"), f"{type(err).__name__}: {err}"[:90]))
+            for path, t1, t2, note in rows:
+                print(f"{name:9s} {B:4d} {T:5d} {path:15s} {t1:9.1f} {t2:9.1f} {note}", flush=True)
             del xs, req, h
 
 
-def mixer_memory():
-    section("GivensMinGRU / RotationMinGRU (d=64) fwd+bwd: peak MB (inputs + params included) and µs")
-    print(f"{'mixer':9s} {'B':>4s} {'T':>5s} {'path':15s} {'peak MB':>8s} {'fwd+bwd µs':>10s}")
+def memory():
+    section(f"peak MB of fwd+bwd, inputs and parameters included (measured before any do_bench; "
+            f"{torch.cuda.memory_allocated() / 1e6 if not SMOKE else 0:.1f} MB live beforehand)")
+    print(f"{'what':9s} {'B':>4s} {'T':>5s} {'path':15s} {'peak MB':>8s}")
+    for name, m in MIXERS.items():  # the op alone
+        for B, T in SHAPES:
+            xs = [x.requires_grad_() for x in inputs(B, T, m["n"], m["k"], m["L"])[:3]]
+            cot = torch.randn(B, T, m["n"], m["k"], device=DEV)
+            for path, fn in [("fused op", mingru.rotation_recurrence), ("dense generic", dense_generic),
+                             ("dense eager", dense_eager)]:
+                try:
+                    mb = peak_mb(lambda: torch.autograd.grad(fn(*xs), xs, cot))
+                    print(f"op-{name:6s} {B:4d} {T:5d} {path:15s} {mb:8.2f}", flush=True)
+                except Exception as err:
+                    print(f"op-{name:6s} {B:4d} {T:5d} {path:15s} {type(err).__name__}: {err}"[:150])
+            del xs, cot
+    for label, step in mixer_runs(long=True):
+        try:
+            print(f"{label} {peak_mb(step):8.2f}", flush=True)
+        except Exception as err:
+            print(f"{label} {type(err).__name__}: {err}"[:150])
+
+
+def mixer_runs(long=False):
+    """(label, step) per d=64 mixer, shape and path; step is one fwd+bwd under that path's MINGRU_SCAN."""
     for name, cls in [("givens", mingru.GivensMinGRU), ("rotation", mingru.RotationMinGRU)]:
-        shapes = SHAPES + ([(128, 256), (128, 1024), (128, 4096)] if name == "givens" and not SMOKE else [])
-        for B, T in shapes:
+        extra = [(128, 256), (128, 1024), (128, 4096)] if long and name == "givens" and not SMOKE else []
+        for B, T in SHAPES + extra:
             for path, fused, mode in [("fused", True, "triton"), ("dense generic", False, "triton"),
                                       ("eager", True, "eager")]:
-                if left() < 25 or (T > 1024 and path != "fused"):
+                if T > 1024 and path != "fused":
                     continue
                 os.environ["MINGRU_SCAN"] = mode
                 try:
                     mixer = cls(64, 64, fused=fused).to(DEV)
                     x = torch.randn(B, T, 64, device=DEV, requires_grad=True)
-                    step = lambda: torch.autograd.grad(mixer(x).square().mean(), [x, *mixer.parameters()])  # noqa: E731
-                    mb = peak_mb(step)
-                    us = bench(step) if T <= 1024 else float("nan")
-                    print(f"{name:9s} {B:4d} {T:5d} {path:15s} {mb:8.2f} {us:10.1f}", flush=True)
-                    del mixer, x
-                except Exception as err:
-                    print(f"{name:9s} {B:4d} {T:5d} {path:15s} {type(err).__name__}: {err}"[:150])
+                    yield (f"{name:9s} {B:4d} {T:5d} {path:15s}",
+                           lambda: torch.autograd.grad(mixer(x).square().mean(), [x, *mixer.parameters()]))
                 finally:
                     os.environ["MINGRU_SCAN"] = "triton"
+
+
+def mixer_timings():
+    section("GivensMinGRU / RotationMinGRU (d=64) fwd+bwd µs")
+    for label, step in mixer_runs():
+        if left() < 25:
+            return
+        try:
+            print(f"{label} {bench(step):10.1f}", flush=True)
+        except Exception as err:
+            print(f"{label} {type(err).__name__}: {err}"[:150])
 
 
 def sweep():
@@ -260,9 +288,10 @@ if __name__ == "__main__":
     print(f"device {name}, torch {torch.__version__}, triton {triton.__version__}")
     ok = correctness()
     if ok or SMOKE:
+        memory()
         timings()
         sweep()
-        mixer_memory()
+        mixer_timings()
         bf16()
         compiled()
     print(f"\ndone in {time.time() - START:.0f}s, correctness {'PASS' if ok else 'FAIL'}")

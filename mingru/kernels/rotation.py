@@ -125,6 +125,14 @@ def _store_pair(ptr, E, O, mask):
     tl.store(ptr + 1, tl.reshape(O, [flat]).to(ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _lanes(LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its (b, n)."""
+    f = tl.arange(0, H * BLOCK_N)
+    lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
+    return f // BLOCK_N, lane, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+
+
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
 _FWD_INTS = "LANES N T sab sat san sal saj sdb sdt sdn sub sut sun suk s0b s0n s0k".split()
 _BWD_INTS = "LANES N T sgb sgt sgn sgk sab sat san sal saj sdb sdt sdn s0b s0n s0k sdaj".split()
@@ -136,11 +144,7 @@ def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    f = tl.arange(0, H * BLOCK_N)  # flat tile index: row j = f // BLOCK_N, lane f % BLOCK_N
-    j = f // BLOCK_N
-    lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    live = lane < LANES
-    b, n = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
     ang_f = ang + b * sab + n * san + j * saj
     dec_f = dec + b * sdb + n * sdn
     u_f = u + b * sub + n * sun + 2 * j * suk
@@ -168,11 +172,7 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    f = tl.arange(0, H * BLOCK_N)
-    j = f // BLOCK_N
-    lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    live = lane < LANES
-    b, n = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
     ang_f = ang + b * sab + n * san + j * saj
     dec_f = dec + b * sdb + n * sdn
     g_f = g + b * sgb + n * sgn + 2 * j * sgk
@@ -279,4 +279,7 @@ def rotation_recurrence(angles, decay, u, h0=None):
     require(k in BLOCK_KS, f"block size k = {k} is not one of {BLOCK_KS}")
     require(1 <= L <= MAX_LAYERS, f"{L} rotation layers; the kernel is compiled for 1..{MAX_LAYERS}")
     require(angles.shape[-1] * 2 == k, f"angles carry {angles.shape[-1]} per layer, expected k/2 = {k // 2}")
+    T, N = u.shape[1], u.shape[2]
+    span = T * max(N * L * k, *(abs(x.stride(1)) for x in (angles, decay, u)))
+    require(span < 2 ** 31, "time offsets would overflow the kernel's 32-bit step arithmetic")
     return torch.ops.mingru.rotation_recurrence(angles, decay, u, h0)
