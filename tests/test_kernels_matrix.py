@@ -176,7 +176,7 @@ def test_outside_envelope_falls_back(k, v, device):
 def test_plan_splits_time_only_for_few_lanes():
     cpu = torch.device("cpu")  # counts as 4 SMs
     few, many, short = (matrix.plan(8, 1024, 8, 9, cpu), matrix.plan(1 << 16, 1024, 2, 3, cpu),
-                        matrix.plan(8, 40, 8, 9, cpu))
+                        matrix.plan(8, 100, 8, 9, cpu))
     assert few.chunk < 1024 and few.chunk % few.unroll == 0
-    assert many.chunk == 1024 and short.chunk == 40
+    assert many.chunk == 1024 and short.chunk == 100
     assert many.block_n == 128 and matrix.plan(8, 64, 16, 32, cpu).block_n == 1

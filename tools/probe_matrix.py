@@ -136,11 +136,18 @@ def time_config(op, shape, variant, fields, bench=True):
             t_f = triton.testing.do_bench(lambda: fn(*xs), warmup=25, rep=100, return_mode="median")
         t_fb = triton.testing.do_bench(lambda: fwd_bwd(fn, xg, cot), warmup=25, rep=100, grad_to_none=xg,
                                        return_mode="median")
+        t_graph = float("nan")
+        if variant == "auto":  # GPU time alone: the launches replayed from a CUDA graph
+            try:
+                with torch.no_grad():
+                    t_graph = triton.testing.do_bench_cudagraph(lambda: fn(*xs), rep=100, return_mode="median")
+            except Exception as err:
+                print(f"cudagraph {op} {shape}: {type(err).__name__}: {str(err)[:200]}")
         lay = None if fields is None else matrix.plan(B * n, T, k, v + (0 if op == "matrix_recurrence" else k),
                                                       torch.device(DEV))
     b_f = nbytes(xs) + nbytes(outs)
     b_fb = b_f + nbytes(xs) + nbytes(outs) + nbytes(cot) + nbytes(xs)  # bwd: A, outputs, cotangents in; grads out
-    return t_f * 1e3, t_fb * 1e3, b_f / (t_f * 1e-3) / 1e9, b_fb / (t_fb * 1e-3) / 1e9, lay
+    return t_f * 1e3, t_fb * 1e3, b_f / (t_f * 1e-3) / 1e9, b_fb / (t_fb * 1e-3) / 1e9, lay, t_graph * 1e3
 
 
 def warm(index, count):
@@ -200,13 +207,13 @@ def main():
     print(f"[{time.time() - t0:.0f} s]")
 
     print("\n## timings (us, median of do_bench; GB/s = bytes read+written once / time)")
-    print("| op | shape | variant | plan (block_n, chunk, warps, unroll, stages) | fwd | fwd+bwd | fwd GB/s "
-          "| fwd+bwd GB/s | x eager fwd / fwd+bwd | x seed fwd / fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| op | shape | variant | plan (block_n, chunk, warps, unroll, stages) | fwd | fwd graph | fwd+bwd "
+          "| fwd GB/s | fwd+bwd GB/s | x eager fwd / fwd+bwd | x seed fwd / fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     eager = {}
     for op, shape, variant, fields in timing_configs():
         try:
-            t_f, t_fb, g_f, g_fb, lay = time_config(op, shape, variant, fields)
+            t_f, t_fb, g_f, g_fb, lay, t_graph = time_config(op, shape, variant, fields)
         except Exception as err:
             print(f"| {op} | {shape} | {variant} | FAIL {type(err).__name__}: {str(err)[:200]} |")
             continue
@@ -215,8 +222,8 @@ def main():
         e_f, e_fb = eager.get((op, shape), (float("nan"),) * 2)
         s_f, s_fb = SEED_US.get((op, shape), (float("nan"),) * 2)
         plan = "-" if lay is None else f"{lay.block_n}, {lay.chunk}, {lay.num_warps}, {lay.unroll}, {lay.stages}"
-        print(f"| {op} | {shape} | {variant} | {plan} | {t_f:.1f} | {t_fb:.1f} | {g_f:.0f} | {g_fb:.0f} | "
-              f"{e_f / t_f:.1f} / {e_fb / t_fb:.1f} | {s_f / t_f:.1f} / {s_fb / t_fb:.1f} |")
+        print(f"| {op} | {shape} | {variant} | {plan} | {t_f:.1f} | {t_graph:.1f} | {t_fb:.1f} | {g_f:.0f} | "
+              f"{g_fb:.0f} | {e_f / t_f:.1f} / {e_fb / t_fb:.1f} | {s_f / t_f:.1f} / {s_fb / t_fb:.1f} |")
     print(f"[{time.time() - t0:.0f} s]")
     if time.time() - t0 < 170:
         try:

@@ -92,14 +92,12 @@ def _mm(a, s, TRANS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
         if TRANS:
             a = tl.permute(a, (0, 2, 1))
         y = tl.dot(a, s, input_precision=PREC)
-    else:
-        BN: tl.constexpr = a.shape[0]
-        K: tl.constexpr = a.shape[1]
-        W: tl.constexpr = s.shape[2]
+    else:  # reshape, not [:, None]: it keeps each lane's block in the layout the loads gave it
+        a4 = tl.reshape(a, [a.shape[0], a.shape[1], a.shape[2], 1])
         if TRANS:
-            y = tl.sum(tl.reshape(a, [BN, K, K, 1]) * tl.reshape(s, [BN, K, 1, W]), axis=1)
+            y = tl.sum(a4 * tl.reshape(s, [s.shape[0], s.shape[1], 1, s.shape[2]]), axis=1)
         else:
-            y = tl.sum(tl.reshape(a, [BN, K, K, 1]) * tl.reshape(s, [BN, 1, K, W]), axis=2)
+            y = tl.sum(a4 * tl.reshape(s, [s.shape[0], 1, s.shape[1], s.shape[2]]), axis=2)
     return y
 
 
@@ -109,10 +107,8 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
     if DOT:
         z = tl.dot(x, tl.permute(y, (0, 2, 1)), input_precision=PREC)
     else:
-        BN: tl.constexpr = x.shape[0]
-        K: tl.constexpr = x.shape[1]
-        W: tl.constexpr = x.shape[2]
-        z = tl.sum(tl.reshape(x, [BN, K, 1, W]) * tl.reshape(y, [BN, 1, K, W]), axis=3)
+        x4 = tl.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
+        z = tl.sum(x4 * tl.reshape(y, [y.shape[0], 1, y.shape[1], y.shape[2]]), axis=3)
     return z
 
 
@@ -378,15 +374,16 @@ def plan(lanes, T, k, width, device):
     Rule: BLOCK_N = the most lanes (a power of two, <= 128) whose broadcast products fit
     PRODUCTS_PER_PROGRAM. The walk is latency-bound (each step waits on the previous one and on
     its loads; the seed measured ~0.43 us a step), so time, not bandwidth, is the cost: when the
-    lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 2 * MIN_CHUNK, T
-    is cut into chunks of >= MIN_CHUNK steps until they do (two passes + a carry pass).
+    lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 4 * MIN_CHUNK, T
+    is cut into chunks of >= MIN_CHUNK steps until they do. A split costs two more launches and
+    walks each chunk twice plus the carry pass over the chunks, so short sequences stay whole.
     """
     block_n = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
     unroll = 4
     chunk = T
     blocks = triton.cdiv(lanes, block_n)
     want = PROGRAMS_PER_SM * _sm_count(device)
-    if blocks < want and T >= 2 * MIN_CHUNK:
+    if blocks < want and T >= 4 * MIN_CHUNK:
         n_chunks = min(triton.cdiv(want, blocks), T // MIN_CHUNK)
         chunk = triton.cdiv(triton.cdiv(T, n_chunks), unroll) * unroll
     return Plan(block_n, chunk, 4, unroll, 1)._replace(**_forced)
