@@ -4,7 +4,7 @@ Run on the device: `python3 tools/probe_diagonal.py [--quick]`. Prints compact t
 and variant the median time (triton.testing.do_bench) and GB/s with bytes = inputs read once +
 outputs written once (backward: its minimum bytes), next to a device-to-device copy.
 """
-import argparse
+import contextlib
 import os
 import sys
 import time
@@ -115,49 +115,124 @@ def copy_bandwidth():
     return gbs
 
 
-def forward_with(mode, xs, outs, lay):
+MODES = {"linear_scan": dg.SCAN, "linear_recurrence": dg.REC, "parallel_scan_log": dg.LOG}
+
+
+def kernel_call(op, direction, B, T, D):
+    """A closure running one direction of `op` through the kernels alone (no autograd, no checks)."""
+    mode = MODES[op]
+    xs = [x.detach() for x in inputs(op, B, T, D)]
     x, y = xs[0], xs[1]
-    dg._launch(dg._forward_kernel, mode, x, lay, (x, y, x, outs[0], outs[1]), False, 2, PREFETCH=lay.prefetch)
+    h0 = xs[2] if op == "linear_recurrence" else None
+    outs = [torch.empty_like(x) for _ in range(2)]
+    if direction == "forward":
+        return lambda: dg._forward(mode, x, y, h0, outs[0], outs[1])
+    g, ga, dx, dy, dh0 = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x), torch.empty_like(y), x[:, 0].clone()
+    dg._forward(mode, x, y, h0, outs[0], outs[1])
+    return lambda: dg._backward(mode, x, y, h0, g, ga, outs[1], outs[0], dx, dy, dh0)
 
 
-def layout(B, T, D, chunk, block_d, warps, segments, stages=3, prefetch=False):
-    seg_len = triton.cdiv(triton.cdiv(T, segments), chunk) * chunk
-    return dg.Layout(chunk, block_d, warps, triton.cdiv(T, seg_len), seg_len, stages, prefetch)
+def gpu_time(fn):
+    """GPU time alone (CUDA-graph replay), so the Python launch overhead does not count."""
+    if DEV == "cpu":
+        return bench(fn)
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
 
-def cfg_name(lay):
-    return f"{lay.chunk}/{lay.block_d}/{lay.warps}/{lay.stages}{'p' if lay.prefetch else ''}/{lay.segments}"
+def set_tiles(direction, op, cfg):
+    dg.TILES[direction, MODES[op].value] = cfg
+    dg._plan.cache_clear()
 
 
-def sweep(copy_gbs, shapes, configs, seg_options):
-    print("== forward tile sweep (fp32): us and % of copy; cfg = CHUNK/BLOCK_D/warps/stages[p=prefetch]/segments")
-    for op, mode in (("linear_scan", dg.SCAN), ("parallel_scan_log", dg.LOG)):
-        for B, T, D in shapes:
-            if out_of_time("sweep"):
-                return
-            xs = [x.detach() for x in inputs(op, B, T, D)]
-            outs = [torch.empty(B, T, D, device=DEV) for _ in range(2)]
-            nbytes = FWD_UNITS[op] * B * T * D * 4
-            auto = dg.plan(B, T, D, xs[0].device)
-            cells = []
-            for cfg in configs:
-                for segs in seg_options(B, T, D, cfg[1]):
-                    lay = layout(B, T, D, cfg[0], cfg[1], cfg[2], segs, *cfg[3:])
+def cfg_name(cfg):
+    chunk, block_d, warps, stages, prefetch = cfg
+    return f"{chunk}/{block_d}/{warps}/{stages}{'p' if prefetch else ''}"
+
+
+def sweep(copy_gbs, shapes, candidates, per_sm_options, deadline):
+    """Kernel-only GPU time per tile config; the least summed slowdown over the shapes wins."""
+    print("== kernel tile sweep (fp32, CUDA-graph GPU time, us and % of copy); cfg = CHUNK/BLOCK_D/warps/stages[p=prefetch]")
+    winners = {}
+    for direction in ("forward", "backward"):
+        for op in MODES:
+            units = FWD_UNITS[op] if direction == "forward" else BWD_UNITS[op]
+            results = {}
+            for cfg in candidates[direction, op]:
+                if time.time() - START > deadline:
+                    break
+                set_tiles(direction, op, cfg)
+                row = []
+                for B, T, D in shapes:
                     try:
-                        t = bench(lambda: forward_with(mode, xs, outs, lay))
-                        cells.append((t, cfg_name(lay)))
+                        row.append(gpu_time(kernel_call(op, direction, B, T, D)))
                     except Exception as err:  # a config that does not compile is reported, not fatal
-                        cells.append((float("inf"), f"{cfg_name(lay)} ERR {type(err).__name__}: {err}"[:200]))
-            cells.sort()
-            pct = lambda t: 100 * nbytes / t / 1e3 / copy_gbs  # noqa: E731
-            print(f"{op} B{B}-T{T}-D{D} auto={cfg_name(auto)}: " + ", ".join(
-                f"{c}={t:.0f}us({pct(t):.0f}%)" for t, c in cells[:6]) + f"; worst {cells[-1][1]}={cells[-1][0]:.0f}us")
-            base = [f"{c}={t:.0f}" for t, c in cells if c.startswith("32/64/4/3/")]
-            print(f"   base 32/64/4/3 by segments: {', '.join(sorted(base, key=lambda x: int(x.split('/')[4].split('=')[0])))}")
+                        print(f"   {direction} {op} {cfg_name(cfg)} B{B}-T{T}-D{D}: {type(err).__name__}: {str(err)[:150]}")
+                        row.append(float("inf"))
+                results[cfg] = row
+            if not results:
+                continue
+            fastest = [min(row[i] for row in results.values()) for i in range(len(shapes))]
+            score = {c: sum(t / f for t, f in zip(row, fastest)) for c, row in results.items()}
+            best = min(score, key=score.get)  # least summed slowdown against the fastest per shape
+            winners[direction, op] = best
+            set_tiles(direction, op, best)
+            for cfg, row in sorted(results.items(), key=lambda kv: score[kv[0]]):
+                cells = "  ".join(f"{t:7.1f} ({100 * units * B * T * D * 4 / t / 1e3 / copy_gbs:3.0f}%)"
+                                  for t, (B, T, D) in zip(row, shapes))
+                print(f"{direction:8s} {op:18s} {cfg_name(cfg):12s} {cells}{'  <- best' if cfg == best else ''}")
+    # programs per SM below which time is split: matters for the small-B*D shape only
+    small = [s for s in shapes if s[0] * s[2] <= 4096]
+    if small and time.time() - START < deadline:
+        totals = {}
+        for per_sm in per_sm_options:
+            dg.PROGRAMS_PER_SM = per_sm
+            dg._plan.cache_clear()
+            row = [gpu_time(kernel_call(op, direction, *small[0])) for direction in ("forward", "backward")
+                   for op in MODES]
+            totals[per_sm] = row
+            segs = dg.plan(*small[0], torch.device(DEV)).segments
+            print(f"PROGRAMS_PER_SM={per_sm:2d} (segments {segs}) B{small[0][0]}-T{small[0][1]}-D{small[0][2]}: "
+                  f"fwd/bwd scan, rec, log = {' '.join(f'{t:.0f}' for t in row)} us")
+        dg.PROGRAMS_PER_SM = min(totals, key=lambda k: sum(totals[k]))
+        dg._plan.cache_clear()
+    print("chosen: TILES =", {f"{d}/{op}": c for (d, op), c in winners.items()}, "PROGRAMS_PER_SM =", dg.PROGRAMS_PER_SM)
+
+
+def overhead():
+    """Where the time of a small call goes: CPU wall time per call vs the GPU time of the same call."""
+    print("== launch overhead at B128-T64-D64 linear_scan fp32: wall us per call (CPU-bound loop)")
+    os.environ["MINGRU_SCAN"] = "triton"
+    B, T, D, reps = (128, 64, 64, 200) if DEV == "cuda" else (2, 8, 8, 2)
+    a, b = inputs("linear_scan", B, T, D)
+    A, Bc = torch.empty_like(a), torch.empty_like(a)
+    lay = dg.plan(B, T, D, a.device)
+    grid = (-(-D // lay.block_d), B, 1)
+
+    def bare():
+        dg._forward_kernel[grid](a, b, a, A, Bc, a, T, D, lay.seg_len, 1, MODE=0, AGG_PASS=False, HAS_H0=False,
+                                 F64=False, CHUNK=lay.chunk, BLOCK_D=lay.block_d, PREFETCH=lay.prefetch,
+                                 num_warps=lay.warps, num_stages=lay.stages)
+    ag = a.detach().clone().requires_grad_()
+    cots = [torch.randn_like(a), torch.randn_like(a)]
+    calls = {"bare triton launch": bare,
+             "dg._forward (wrap_triton)": lambda: dg._forward(dg.SCAN, a, b, None, A, Bc),
+             "torch.ops.mingru.linear_scan": lambda: torch.ops.mingru.linear_scan(a, b),
+             "mingru.linear_scan (public)": lambda: mingru.linear_scan(a, b),
+             "public fwd+bwd": lambda: torch.autograd.backward(mingru.linear_scan(ag, b), cots)}
+    for name, fn in calls.items():
+        with torch.no_grad() if "bwd" not in name else contextlib.nullcontext():
+            fn()
+            torch.cuda.synchronize() if DEV == "cuda" else None
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize() if DEV == "cuda" else None
+            print(f"   {name:32s} {(time.perf_counter() - t) / reps * 1e6:7.1f} us")
+    print(f"   GPU time of the forward kernel (graph replay): {gpu_time(calls['dg._forward (wrap_triton)']):.1f} us")
 
 
 def timings(copy_gbs, shapes, with_eager):
-    print("== auto layout, public ops (MINGRU_SCAN=triton vs eager): us, GB/s, % copy")
+    print("== public ops, do_bench median (MINGRU_SCAN=triton vs eager): us, GB/s, % copy")
     print(f"{'op':18s} {'shape':18s} {'fwd us':>8s} {'GB/s':>6s} {'%':>4s} {'f+b us':>8s} {'GB/s':>6s} {'%':>4s}"
           f" {'eager fwd':>9s} {'eager f+b':>9s}")
     for op, fn in OPS.items():
@@ -184,42 +259,28 @@ def timings(copy_gbs, shapes, with_eager):
     os.environ["MINGRU_SCAN"] = "triton"
 
 
-def compile_check():
-    print("== torch.compile(fullgraph=True) + backward through the ops")
-    os.environ["MINGRU_SCAN"] = "triton"
-    for op, fn in OPS.items():
-        xs = inputs(op, 2, 100, 40, grad=True)
-        f = torch.compile(lambda *z: sum(o.square().sum() for o in as_tuple(fn(*z))), fullgraph=True)
-        got = torch.autograd.grad(f(*xs), xs)
-        want = torch.autograd.grad(sum(o.square().sum() for o in as_tuple(fn(*xs))), xs)
-        print(op, "max grad diff", max((g - w).abs().max().item() for g, w in zip(got, want)))
-
-
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="correctness and auto timings only")
-    args = parser.parse_args()
     print(torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch", torch.__version__,
           "triton", triton.__version__)
     big = [(16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024)]
     small = [(128, 64, 64), (16, 1024, 64)]
-    configs = [(32, 64, 4, 3), (32, 64, 4, 1), (32, 64, 4, 1, True), (16, 64, 4, 3), (64, 64, 4, 3),
-               (32, 128, 4, 3), (16, 128, 4, 1, True), (32, 32, 2, 3), (16, 256, 4, 3), (64, 32, 4, 1, True)]
+    linear = [(64, 64, 4, 3, False), (32, 64, 4, 3, False), (64, 64, 4, 1, True), (32, 128, 4, 3, False),
+              (64, 32, 4, 3, False)]
+    log = [(32, 64, 4, 1, True), (64, 32, 4, 1, True), (64, 64, 4, 1, True), (64, 64, 4, 3, False),
+           (32, 64, 4, 3, False)]
+    back = [(32, 64, 4, 3, False), (16, 64, 4, 3, False), (64, 64, 4, 3, False), (32, 32, 2, 3, False)]
+    candidates = {("forward", "linear_scan"): linear, ("forward", "linear_recurrence"): linear[:3],
+                  ("forward", "parallel_scan_log"): log}
+    candidates.update({("backward", op): back for op in MODES})
     if DEV == "cpu":
-        big, small, configs = [(1, 40, 70)], [(2, 16, 8)], configs[:2]
-
-    def seg_options(B, T, D, block_d):
-        lanes = B * triton.cdiv(D, block_d)
-        return [1] if lanes >= 512 else sorted({1, 8, 16, 32, triton.cdiv(528, lanes)})
-
+        big, small = [(1, 40, 70), (2, 64, 16)], [(2, 8, 8)]
+        candidates = {k: v[:2] for k, v in candidates.items()}
     copy_gbs = [4200.0]
     sections = [("correctness", correctness),
                 ("copy", lambda: copy_gbs.__setitem__(0, copy_bandwidth())),
+                ("overhead", overhead),
+                ("sweep", lambda: sweep(copy_gbs[0], big, candidates, (2, 4, 8), BUDGET_S - 45)),
                 ("timings", lambda: timings(copy_gbs[0], small + big, lambda B, T, D: B * T * D <= 2 ** 20))]
-    if not args.quick:
-        sections.append(("sweep", lambda: sweep(copy_gbs[0], big + small[1:], configs, seg_options)))
-    if DEV == "cuda":
-        sections.append(("compile", compile_check))
     for name, fn in sections:
         if out_of_time(name):
             continue

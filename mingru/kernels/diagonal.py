@@ -16,6 +16,7 @@ tiles in registers. With more than one segment a first pass writes each segment'
 the second pass folds the aggregates of the earlier segments into its starting carry.
 """
 import contextlib
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -25,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 
 from mingru.dispatch import interpreting
 from mingru.kernels.common import next_pow2, require, require_dtype
-from mingru.kernels.core import carry_scan, log_add_exp, log_carry_scan
+from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
@@ -80,49 +81,64 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
     agg_off = (b * n_seg) * D + cols
     agg_stride = n_batch * n_seg * D
 
-    # Carry: (A, B) in linear space; (sum of lc, log h) in log space.
+    carry_a = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
+    carry_b = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+    start = t_begin
     if MODE == LOG:
-        carry_a = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
-        if AGG_PASS:
-            carry_b = _acc(tl.full([BLOCK_D], float("-inf"), tl.float32), F64)
-        else:
-            carry_b = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+        # The state is carried in linear space (it is an output, so finite when the answer is);
+        # only the entry state of a segment, which may be far outside the float range (h0 =
+        # e^100, say), stays in log form until it is applied as one exp(lc + log h).
+        lc_sum = _acc(tl.zeros([CHUNK, BLOCK_D], tl.float32), F64)
+        if not AGG_PASS:
+            log_h = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+            for s in range(0, seg):  # segment aggregates in log form: (sum of lc, log of B)
+                agg_lc = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
+                log_h = log_add_exp(agg_lc + log_h, tl.load(agg_ptr + agg_stride + agg_off + s * D,
+                                                             mask=cmask, other=0.0))
+            row = t_begin.to(tl.int64) * D + cols
+            lc0 = _acc(tl.load(x_ptr + base + row, mask=cmask, other=0.0), F64)
+            lv0 = _acc(tl.load(y_ptr + y_base + row, mask=cmask, other=0.0), F64)
+            carry_b = tl.exp(lv0) + tl.exp(lc0 + log_h)
+            tl.store(out_h_ptr + base + row, carry_b.to(out_h_ptr.dtype.element_ty), mask=cmask)
+            start = t_begin + 1
     else:
-        carry_a = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
-        carry_b = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
         if HAS_H0 and not AGG_PASS:
             carry_b = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
-    if not AGG_PASS:
-        for s in range(0, seg):  # fold in the aggregates of the earlier segments
-            agg_a = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
-            agg_b = tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
-            if MODE == LOG:
-                carry_b = log_add_exp(agg_a + carry_b, agg_b)
-            else:
-                carry_b = agg_a * carry_b + agg_b
+        if not AGG_PASS:
+            for s in range(0, seg):  # fold in the aggregates of the earlier segments
+                agg_a = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
+                carry_b = agg_a * carry_b + tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
                 carry_a = agg_a * carry_a
 
     if PREFETCH:  # registers hold the next tile while this one is scanned
-        offs, mask = _tile(t_begin, t_end, cols, cmask, D, CHUNK)
+        offs, mask = _tile(start, t_end, cols, cmask, D, CHUNK)
         x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
-    for i in range(0, tl.cdiv(t_end - t_begin, CHUNK)):
-        offs, mask = _tile(t_begin + i * CHUNK, t_end, cols, cmask, D, CHUNK)
+    for i in range(0, tl.cdiv(t_end - start, CHUNK)):
+        offs, mask = _tile(start + i * CHUNK, t_end, cols, cmask, D, CHUNK)
         if PREFETCH:
             x, y = x_next, y_next
-            offs_n, mask_n = _tile(t_begin + (i + 1) * CHUNK, t_end, cols, cmask, D, CHUNK)
+            offs_n, mask_n = _tile(start + (i + 1) * CHUNK, t_end, cols, cmask, D, CHUNK)
             x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs_n, mask_n, MODE, F64)
         else:
             x, y = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
         if MODE == LOG:
-            h, carry_a, carry_b = log_carry_scan(x, y, carry_a, carry_b)
-        else:
+            if AGG_PASS:
+                lc_sum += x
+            x = tl.exp(x)
+            y = tl.exp(y)
+        if MODE == SCAN or (AGG_PASS and MODE == REC):
             big_a, h, carry_a, carry_b = carry_scan(x, y, carry_a, carry_b)
             if MODE == SCAN and not AGG_PASS:
                 tl.store(out_a_ptr + base + offs, big_a.to(out_a_ptr.dtype.element_ty), mask=mask)
+        else:
+            h, carry_b = state_scan(x, y, carry_b)
         if not AGG_PASS:
             tl.store(out_h_ptr + base + offs, h.to(out_h_ptr.dtype.element_ty), mask=mask)
 
     if AGG_PASS:
+        if MODE == LOG:
+            carry_a = tl.sum(lc_sum, axis=0)
+            carry_b = tl.log(carry_b)
         tl.store(agg_ptr + agg_off + seg * D, carry_a, mask=cmask)
         tl.store(agg_ptr + agg_stride + agg_off + seg * D, carry_b, mask=cmask)
 
@@ -174,10 +190,13 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             c = _acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=0.0), F64)
         c = tl.where(valid[:, None], c, 1.0)
         g = _acc(tl.load(g_ptr + base + offs, mask=mask, other=0.0), F64)
-        _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
+        if AGG_PASS:  # the aggregate also needs the product of the coefficients
+            _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
+        else:
+            lam_t, lam = state_scan(c, g, lam)
         if MODE == SCAN:
             ga = _acc(tl.load(ga_ptr + base + offs, mask=mask, other=0.0), F64)
-            _, mu_t, _, mu = carry_scan(c, ga, c_prod, mu)
+            mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
             if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
@@ -230,6 +249,19 @@ class Layout(NamedTuple):
     prefetch: bool = False
 
 
+# Tiles per (direction, mode): (CHUNK, BLOCK_D, num_warps, num_stages, prefetch the next tile).
+# Measured with tools/probe_diagonal.py on an H200 (see its output in the report of issue 3).
+TILES = {
+    ("forward", SCAN.value): (64, 64, 4, 3, False),
+    ("forward", REC.value): (64, 64, 4, 3, False),
+    ("forward", LOG.value): (32, 64, 4, 1, True),
+    ("backward", SCAN.value): (32, 64, 4, 3, False),
+    ("backward", REC.value): (32, 64, 4, 3, False),
+    ("backward", LOG.value): (32, 64, 4, 3, False),
+}
+PROGRAMS_PER_SM = 4  # fewer (D-block, batch row) programs than this per SM: split time
+MIN_SEGMENT_TILES = 4  # a time segment is at least this many tiles long
+
 _forced = {"chunk": 0, "segments": 0}
 
 
@@ -244,51 +276,65 @@ def forced_layout(chunk=0, segments=0):
         _forced.update(old)
 
 
-def plan(B, T, D, device):
-    """Tile sizes and the number of time segments for a (B, T, D) scan.
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
-    Rule: BLOCK_D covers up to 64 channels and a tile holds CHUNK=32 steps (fewer for short T).
-    One program per (D-block, batch row) walks all of T when there are enough of them to fill
-    the GPU (>= 4 per SM); otherwise T is cut into segments so that there are, each at least
-    4 tiles long, and a first pass computes the segments' aggregates.
-    `forced_layout` lets tests force small tiles and the split layout.
-    """
-    chunk = _forced["chunk"] or min(next_pow2(T), 32)
-    block_d = min(next_pow2(D), 64)
-    lanes = B * triton.cdiv(D, block_d)
-    segments = _forced["segments"]
+
+@functools.lru_cache(maxsize=4096)
+def _plan(B, T, D, sms, tiles, forced_chunk, forced_segments):
+    chunk, block_d, warps, stages, prefetch = tiles
+    chunk = forced_chunk or min(chunk, next_pow2(T))
+    block_d = min(block_d, next_pow2(D))
+    lanes = B * -(-D // block_d)
+    segments = forced_segments
     if not segments:
-        segments = 1
-        if device.type == "cuda":
-            want = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-            if lanes < want:
-                segments = max(1, min(triton.cdiv(want, lanes), T // (4 * chunk)))
-    seg_len = triton.cdiv(triton.cdiv(T, segments), chunk) * chunk
-    return Layout(chunk, block_d, 4, triton.cdiv(T, seg_len), seg_len)
+        want = PROGRAMS_PER_SM * sms
+        segments = max(1, min(-(-want // lanes), T // (MIN_SEGMENT_TILES * chunk))) if lanes < want else 1
+    seg_len = -(-(-(-T // segments)) // chunk) * chunk
+    return Layout(chunk, block_d, warps, -(-T // seg_len), seg_len, stages, prefetch)
+
+
+def plan(B, T, D, device, direction="forward", mode=SCAN):
+    """Tile sizes and time segments for a (B, T, D) scan.
+
+    Rule: tiles from TILES (the fastest measured per direction and op). One program per
+    (D-block, batch row) walks all of T while there are at least PROGRAMS_PER_SM of them per SM;
+    with fewer (small B*D, long T) T is cut into as many segments as fill the GPU, each at least
+    MIN_SEGMENT_TILES tiles long, and a first pass computes the segments' aggregates, which
+    costs one more read of the inputs. `forced_layout` lets tests force small tiles and splits.
+    """
+    return _plan(B, T, D, _sm_count(device), TILES[direction, mode.value], _forced["chunk"], _forced["segments"])
+
+
+@functools.lru_cache(maxsize=None)
+def _wrapped(kernel):
+    return wrap_triton(kernel)
 
 
 def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
     """Run `kernel` over the layout: the aggregate pass first when time is split."""
     B, T, D = x.shape
-    grid = (triton.cdiv(D, lay.block_d), B, lay.segments)
+    grid = (-(-D // lay.block_d), B, lay.segments)
     agg = x
     common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
                   BLOCK_D=lay.block_d, num_warps=lay.warps, num_stages=lay.stages, **extra)
+    run = _wrapped(kernel)[grid]
     if lay.segments > 1:
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        agg = torch.empty(n_agg, B, lay.segments, D, dtype=acc, device=x.device)
-        wrap_triton(kernel)[grid](*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=True, **common)
-    wrap_triton(kernel)[grid](*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=False, **common)
+        agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if common["F64"] else torch.float32,
+                          device=x.device)
+        run(*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=True, **common)
+    run(*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=False, **common)
 
 
 def _forward(mode, x, y, h0, out_a, out_h):
-    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device)
+    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device, "forward", mode)
     _launch(_forward_kernel, mode, x, lay, (x, y, x if h0 is None else h0, out_a, out_h), h0 is not None, 2,
             PREFETCH=lay.prefetch)
 
 
 def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
-    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device)
+    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device, "backward", mode)
     tensors = (x, y, x if h0 is None else h0, g, ga, out_h, out_a, dx, dy, dh0)
     _launch(_backward_kernel, mode, x, lay, tensors, h0 is not None, 3 if mode is SCAN else 2)
 
