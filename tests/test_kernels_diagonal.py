@@ -15,8 +15,9 @@ from mingru import naive
 
 diagonal = pytest.importorskip("mingru.kernels.diagonal")
 pytestmark = [pytest.mark.usefixtures("triton_mode"),
-              # the interpreter's numpy warns on log(0) = -inf, a legitimate value of log h
-              pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")]
+              # numpy (the interpreter) warns on log(0) = -inf, a legitimate log h, and on exp
+              # overflowing in a tl.where branch that is not selected
+              pytest.mark.filterwarnings("ignore:(divide by zero|overflow) encountered:RuntimeWarning")]
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
        torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -137,3 +138,12 @@ def test_log_scan_zero_initial_state(chunk, segments, device):
     lc, lv = _inputs("parallel_scan_log", 2, 8, 5, torch.float32, device, seed=9)
     lv[:, 0] = float("-inf")
     _check("parallel_scan_log", [lc, lv], TOL[torch.float32], (chunk, segments))
+
+
+def test_plan_splits_time_only_for_small_b_times_d():
+    tiles = diagonal.TILES["forward", diagonal.SCAN.value]
+    assert diagonal._plan(16, 1024, 1024, 132, tiles, 0, 0).segments == 1
+    lay = diagonal._plan(2, 16384, 1024, 132, tiles, 0, 0)
+    assert lay.segments > 1 and lay.seg_len % lay.chunk == 0
+    assert (lay.segments - 1) * lay.seg_len < 16384 <= lay.segments * lay.seg_len
+    assert diagonal._plan(2, 16384, 1024, 0, tiles, 0, 0).segments == 1  # no SMs known: no split

@@ -195,7 +195,8 @@ def sweep(copy_gbs, shapes, candidates, per_sm_options, deadline):
                   f"fwd/bwd scan, rec, log = {' '.join(f'{t:.0f}' for t in row)} us")
         dg.PROGRAMS_PER_SM = min(totals, key=lambda k: sum(totals[k]))
         dg._plan.cache_clear()
-    print("chosen: TILES =", {f"{d}/{op}": c for (d, op), c in winners.items()}, "PROGRAMS_PER_SM =", dg.PROGRAMS_PER_SM)
+    print("chosen: TILES =", {f"{d}/{op}": c for (d, op), c in winners.items()}, "PROGRAMS_PER_SM =", dg.PROGRAMS_PER_SM,
+          "SPLIT_BELOW_PER_SM =", dg.SPLIT_BELOW_PER_SM)
 
 
 def overhead():

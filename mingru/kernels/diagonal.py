@@ -63,23 +63,26 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr
 
 
 @triton.jit
+def _program(T, D, seg_len, n_seg, BLOCK_D: tl.constexpr):
+    """This program's batch row, segment, channels and the row offsets it needs."""
+    b = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    t_begin = seg * seg_len
+    agg_off = (b * n_seg) * D + cols  # aggregates: (k, B, n_seg, D), k = which quantity
+    agg_stride = tl.num_programs(1) * n_seg * D
+    # log_values has one more row than the (B, T, D) tensors: slot 0 is log h0
+    return b, seg, cols, cols < D, t_begin, tl.minimum(t_begin + seg_len, T), b * T * D, b * (T + 1) * D, \
+        agg_off, agg_stride
+
+
+@triton.jit
 def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, n_seg,
                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
                     F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
                     PREFETCH: tl.constexpr):
-    pid_d = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    seg = tl.program_id(2)
-    n_batch = tl.num_programs(1)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    t_begin = seg * seg_len
-    t_end = tl.minimum(t_begin + seg_len, T)
-    base = b * T * D
-    lv_base = b * (T + 1) * D  # log_values has one more row: slot 0 is log h0
+    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, n_seg, BLOCK_D)
     y_base = lv_base + D if MODE == LOG else base
-    agg_off = (b * n_seg) * D + cols
-    agg_stride = n_batch * n_seg * D
 
     carry_a = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
     carry_b = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
@@ -148,18 +151,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
                      dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, n_seg,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
                      F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_d = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    seg = tl.program_id(2)
-    n_batch = tl.num_programs(1)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    t_begin = seg * seg_len
-    t_end = tl.minimum(t_begin + seg_len, T)
-    base = b * T * D
-    lv_base = b * (T + 1) * D
-    agg_off = (b * n_seg) * D + cols
-    agg_stride = n_batch * n_seg * D
+    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, n_seg, BLOCK_D)
 
     # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
     # product of the coefficients (needed only for a segment's aggregate).
@@ -199,6 +191,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
+            dx_mask = mask
             if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
                 a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
                 b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
@@ -215,12 +208,10 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
                 lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
                 lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
                 h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
-                # a_1 h_0 as one exp, so a huge or -inf log h0 stays finite or exactly 0
-                a_h = tl.where(first, tl.exp(lc + lv0[None, :]), tl.exp(lc) * h_prev)
-                dx = lam_t * a_h
+                dx = lam_t * tl.exp(lc) * h_prev
                 dy = lam_t * tl.exp(lv)
-            tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
+            tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
             dy_base = lv_base + D if MODE == LOG else base
             tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
 
@@ -233,8 +224,12 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         if seg == 0:  # gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)
             x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
             if MODE == LOG:
+                # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
+                # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
                 lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
-                tl.store(dy_ptr + lv_base + cols, (lam * tl.exp(x0 + lv0)).to(dy_ptr.dtype.element_ty), mask=cmask)
+                d0 = lam * tl.exp(x0 + lv0)
+                tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
+                tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
             elif HAS_H0:
                 tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
 
@@ -250,7 +245,7 @@ class Layout(NamedTuple):
 
 
 # Tiles per (direction, mode): (CHUNK, BLOCK_D, num_warps, num_stages, prefetch the next tile).
-# Measured with tools/probe_diagonal.py on an H200 (see its output in the report of issue 3).
+# From tools/probe_diagonal.py on an H200 (first run, see `plan`); the probe re-picks them.
 TILES = {
     ("forward", SCAN.value): (64, 64, 4, 3, False),
     ("forward", REC.value): (64, 64, 4, 3, False),
@@ -259,7 +254,8 @@ TILES = {
     ("backward", REC.value): (32, 64, 4, 3, False),
     ("backward", LOG.value): (32, 64, 4, 3, False),
 }
-PROGRAMS_PER_SM = 4  # fewer (D-block, batch row) programs than this per SM: split time
+SPLIT_BELOW_PER_SM = 1  # fewer (D-block, batch row) programs than this per SM: split time
+PROGRAMS_PER_SM = 4  # and then into enough segments for this many programs per SM
 MIN_SEGMENT_TILES = 4  # a time segment is at least this many tiles long
 
 _forced = {"chunk": 0, "segments": 0}
@@ -290,7 +286,8 @@ def _plan(B, T, D, sms, tiles, forced_chunk, forced_segments):
     segments = forced_segments
     if not segments:
         want = PROGRAMS_PER_SM * sms
-        segments = max(1, min(-(-want // lanes), T // (MIN_SEGMENT_TILES * chunk))) if lanes < want else 1
+        split = lanes < SPLIT_BELOW_PER_SM * sms
+        segments = max(1, min(-(-want // lanes), T // (MIN_SEGMENT_TILES * chunk))) if split else 1
     seg_len = -(-(-(-T // segments)) // chunk) * chunk
     return Layout(chunk, block_d, warps, -(-T // seg_len), seg_len, stages, prefetch)
 
@@ -298,11 +295,15 @@ def _plan(B, T, D, sms, tiles, forced_chunk, forced_segments):
 def plan(B, T, D, device, direction="forward", mode=SCAN):
     """Tile sizes and time segments for a (B, T, D) scan.
 
-    Rule: tiles from TILES (the fastest measured per direction and op). One program per
-    (D-block, batch row) walks all of T while there are at least PROGRAMS_PER_SM of them per SM;
-    with fewer (small B*D, long T) T is cut into as many segments as fill the GPU, each at least
-    MIN_SEGMENT_TILES tiles long, and a first pass computes the segments' aggregates, which
-    costs one more read of the inputs. `forced_layout` lets tests force small tiles and splits.
+    Rule: tiles from TILES. One program per (D-block, batch row) walks all of T unless there
+    are fewer such programs than SMs (small B*D, long T); then T is cut into segments, enough
+    for PROGRAMS_PER_SM programs per SM and each at least MIN_SEGMENT_TILES tiles long, and a
+    first pass computes the segments' aggregates (one more read of the inputs).
+    Measured on the H200 (copy 4222 GB/s), forward linear_scan B=8,T=4096,D=2048: CHUNK/BLOCK_D
+    64/64 296 us (86 % of copy) vs 32/64 390 us, and 3 segments 822 us: 256 programs, about two
+    per SM, do better unsplit; B=2,T=16384,D=1024 (32 programs): 1 segment 1084 us, 17 segments
+    404 us. The log scan gained 2x from prefetching the next tile (456 vs 894 us).
+    `forced_layout` lets tests force small tiles and splits.
     """
     return _plan(B, T, D, _sm_count(device), TILES[direction, mode.value], _forced["chunk"], _forced["segments"])
 
