@@ -10,10 +10,12 @@ and reads only the forward's inputs and outputs (no saved intermediates, no divi
 
 Layout (`plan`): a program owns BLOCK_N lanes and walks one time chunk. With one chunk that is
 the whole sequence. With several, a first pass writes each chunk's aggregate (its own product
-and offset), a carry pass runs the same forward kernel over the short sequence of aggregates,
-and the second pass re-walks every chunk from its carry. The backward is split the same way.
+and offset); in the second pass each program first walks the aggregates of the chunks before
+its own (a short sequence with the same recurrence, so the same code) to get its carry, then
+re-walks its chunk from there. The backward is split the same way, the later chunks first.
 """
 import contextlib
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -21,8 +23,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from mingru.dispatch import interpreting
-from mingru.kernels.common import BLOCK_SIZES, dot_precision, next_pow2, require, require_dtype
+from mingru.dispatch import ScanFallback, interpreting
+from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision
 
 # PMODE, how the k x k block of the forward walk behaves:
 NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
@@ -142,45 +144,15 @@ def _fwd_step(P, H, a, xp, xh, t, end, op_tile, op_st, oh_tile, oh_st, live,
 
 
 @triton.jit
-def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_st, xh_sn,
-                    H0, h0_sb, h0_sn, CP, cp_sb, cp_st, cp_sn, CH, ch_sb, ch_st, ch_sn,
-                    OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn, NL, L, T, CHUNK,
-                    K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, PMODE: tl.constexpr,
-                    HAS_H0: tl.constexpr, HAS_CARRY: tl.constexpr, LAST_ONLY: tl.constexpr,
-                    UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
-                    DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Walk chunk program_id(1) of BN lanes. LAST_ONLY writes only the final state, at row c."""
-    lane = tl.program_id(0) * BN + tl.arange(0, BN)
-    live = (lane < L)[:, None]
-    b = (lane // NL).to(tl.int64)
-    i = (lane % NL).to(tl.int64)
-    c = tl.program_id(1)
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, T)
-    eye = _eye(BN, K, F64)
-    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
-    xp_tile = _tile(XP, xp_sb, xp_sn, b, i, K, K)
-    xh_tile = _tile(XH, xh_sb, xh_sn, b, i, K, V)
-    op_tile = _tile(OP, op_sb, op_sn, b, i, K, K)
-    oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
+def _fwd_walk(P, H, a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st,
+              start, end, live, eye, K: tl.constexpr, V: tl.constexpr, PMODE: tl.constexpr,
+              STORE: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+              DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Steps start..end-1 of S_t = A_t S_{t-1} + X_t from the state (P, H); STORE writes every S_t.
 
-    H = _zeros(BN, K, V, F64)
-    if HAS_H0:
-        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
-    P = _zeros(BN, 1, 1, F64)  # placeholder: loop-carried values must be tensors
-    if PMODE == PROD:
-        P = eye
-    if PMODE == ADJ:
-        P = _zeros(BN, K, K, F64)
-    if HAS_CARRY:  # the carry pass wrote the state after chunk c-1 at row c-1
-        has = _blk(c) > 0
-        prev = tl.maximum(c - 1, 0)
-        H = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), prev, ch_st, live & has, K, V, F64), H)
-        if PMODE != NO_P:
-            P = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), prev, cp_st, live & has, K, K, F64), P)
-
-    # UNROLL steps per iteration: their loads do not depend on the state, so all are issued
-    # before the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
+    UNROLL steps per iteration: their loads do not depend on the state, so all are issued before
+    the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
+    """
     for t0 in tl.range(start, end, UNROLL, num_stages=STAGES):
         a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, K, V, PMODE, F64)
         if UNROLL >= 2:
@@ -192,18 +164,59 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XP, xp_sb, xp_st, xp_sn, XH, xh_sb, xh_
             a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
                                      K, V, PMODE, F64)
         P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
-                         PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+                         PMODE, STORE, DOT_P, DOT_H, PREC)
         if UNROLL >= 2:
             P, H = _fwd_step(P, H, a1, xp1, xh1, t0 + 1, end, op_tile, op_st, oh_tile, oh_st, live,
-                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+                             PMODE, STORE, DOT_P, DOT_H, PREC)
         if UNROLL >= 4:
             P, H = _fwd_step(P, H, a2, xp2, xh2, t0 + 2, end, op_tile, op_st, oh_tile, oh_st, live,
-                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
+                             PMODE, STORE, DOT_P, DOT_H, PREC)
             P, H = _fwd_step(P, H, a3, xp3, xh3, t0 + 3, end, op_tile, op_st, oh_tile, oh_st, live,
-                             PMODE, not LAST_ONLY, DOT_P, DOT_H, PREC)
-    if LAST_ONLY:
-        if PMODE != NO_P:
-            _store(op_tile, c, op_st, P, live)
+                             PMODE, STORE, DOT_P, DOT_H, PREC)
+    return P, H
+
+
+@triton.jit
+def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_sn,
+                    GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
+                    OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn, NL, L, T, CHUNK,
+                    K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, PMODE: tl.constexpr,
+                    HAS_H0: tl.constexpr, AGG_PASS: tl.constexpr, SPLIT: tl.constexpr,
+                    UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+                    DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Walk chunk c = program_id(1) of BN lanes.
+
+    AGG_PASS: from (I, 0), write only the chunk's aggregate (product, offset) to row c of OP, OH.
+    Otherwise write every state to OP (if PMODE) and OH, starting (when SPLIT) from the initial
+    state carried through the aggregates GP, GH of chunks 0..c-1.
+    """
+    lane = tl.program_id(0) * BN + tl.arange(0, BN)
+    live = (lane < L)[:, None]
+    b = (lane // NL).to(tl.int64)
+    i = (lane % NL).to(tl.int64)
+    c = tl.program_id(1)
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, T)
+    eye = _eye(BN, K, F64)
+    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
+    xh_tile = _tile(XH, xh_sb, xh_sn, b, i, K, V)
+    op_tile = _tile(OP, op_sb, op_sn, b, i, K, K)
+    oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
+
+    H = _zeros(BN, K, V, F64)
+    if HAS_H0:
+        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
+    P = _zeros(BN, 1, 1, F64)  # placeholder: loop-carried values must be tensors
+    if PMODE == PROD:
+        P = eye
+    if SPLIT:  # the aggregates are a short sequence with the same recurrence
+        P, H = _fwd_walk(P, H, _tile(GP, gp_sb, gp_sn, b, i, K, K), gp_st, a_tile, 0,
+                         _tile(GH, gh_sb, gh_sn, b, i, K, V), gh_st, op_tile, 0, oh_tile, 0, 0, c, live, eye,
+                         K, V, PMODE, False, UNROLL, STAGES, F64, DOT_P, DOT_H, PREC)
+    P, H = _fwd_walk(P, H, a_tile, a_st, a_tile, 0, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st, start, end,
+                     live, eye, K, V, PMODE, not AGG_PASS, UNROLL, STAGES, F64, DOT_P, DOT_H, PREC)
+    if AGG_PASS:
+        _store(op_tile, c, op_st, P, live)
         _store(oh_tile, c, oh_st, H, live)
 
 
@@ -252,16 +265,20 @@ def _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, d
 @triton.jit
 def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
                      SP, sp_sb, sp_st, sp_sn, SH, sh_sb, sh_st, sh_sn, H0, h0_sb, h0_sn,
-                     CP, cp_sb, cp_st, cp_sn, CH, ch_sb, ch_st, ch_sn,
                      DA, da_sb, da_st, da_sn, DX, dx_sb, dx_st, dx_sn, DH0, dh0_sb, dh0_sn,
                      OM, om_sb, om_st, om_sn, OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn,
                      NL, L, T, CHUNK, NCHUNK,
                      K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, HAS_P: tl.constexpr,
-                     HAS_H0: tl.constexpr, HAS_CARRY: tl.constexpr, GRADS: tl.constexpr,
+                     HAS_H0: tl.constexpr, SPLIT: tl.constexpr, GRADS: tl.constexpr,
                      UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
                      DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Walk chunk c backwards. GRADS writes dA, dX (and dh0); otherwise the chunk's aggregate
-    lam_start = M lam_end + y goes to row NCHUNK-1-c (reversed, so the carry pass runs forward)."""
+    """Walk chunk c backwards.
+
+    GRADS writes dA, dX (and dh0), starting (when SPLIT) from lam at the start of chunk c+1,
+    carried through the aggregates of the later chunks. Otherwise the chunk's aggregate
+    lam_start = M lam_end + y goes to row NCHUNK-1-c of OM, OP, OH: reversed, so the later
+    chunks come first and the carry is the forward walk over rows 0..NCHUNK-2-c.
+    """
     lane = tl.program_id(0) * BN + tl.arange(0, BN)
     live = (lane < L)[:, None]
     b = (lane // NL).to(tl.int64)
@@ -285,12 +302,17 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     M = _zeros(BN, 1, 1, F64)
     if not GRADS:
         M = eye
-    if HAS_CARRY:  # lam at the first step of chunk c+1, written by the carry pass at row NCHUNK-2-c
-        has = _blk(c) < NCHUNK - 1
-        row = tl.maximum(NCHUNK - 2 - c, 0)
-        LH = tl.where(has, _load(_tile(CH, ch_sb, ch_sn, b, i, K, V), row, ch_st, live & has, K, V, F64), LH)
+    if SPLIT:
+        om_tile = _tile(OM, om_sb, om_sn, b, i, K, K)
+        oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
         if HAS_P:
-            LP = tl.where(has, _load(_tile(CP, cp_sb, cp_sn, b, i, K, K), row, cp_st, live & has, K, K, F64), LP)
+            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, _tile(OP, op_sb, op_sn, b, i, K, K), op_st, oh_tile, oh_st,
+                               om_tile, 0, oh_tile, 0, 0, NCHUNK - 1 - c, live, eye, K, V, ADJ, False, UNROLL,
+                               STAGES, F64, DOT_P, DOT_H, PREC)
+        else:
+            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, om_tile, 0, oh_tile, oh_st, om_tile, 0, oh_tile, 0,
+                               0, NCHUNK - 1 - c, live, eye, K, V, NO_P, False, UNROLL, STAGES, F64,
+                               DOT_P, DOT_H, PREC)
     h_init = _zeros(BN, K, V, F64)
     if HAS_H0:
         h_init = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
@@ -362,12 +384,6 @@ def forced_plan(**fields):
         _forced = old
 
 
-def _sm_count(device):
-    if device.type != "cuda":
-        return 4  # the interpreter: any small number
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def plan(lanes, T, k, width, device):
     """Layout of a walk over `lanes` states of k x `width` columns along T steps.
 
@@ -378,19 +394,33 @@ def plan(lanes, T, k, width, device):
     is cut into chunks of >= MIN_CHUNK steps until they do. A split costs two more launches and
     walks each chunk twice plus the carry pass over the chunks, so short sequences stay whole.
     """
-    block_n = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return _plan(lanes, T, k, width, sms)._replace(**_forced)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(lanes, T, k, width, sms):
+    block_n = max(1, min(128, _pow2_ceil(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
     unroll = 4
     chunk = T
-    blocks = triton.cdiv(lanes, block_n)
-    want = PROGRAMS_PER_SM * _sm_count(device)
+    blocks = _cdiv(lanes, block_n)
+    want = PROGRAMS_PER_SM * sms
     if blocks < want and T >= 4 * MIN_CHUNK:
-        n_chunks = min(triton.cdiv(want, blocks), T // MIN_CHUNK)
-        chunk = triton.cdiv(triton.cdiv(T, n_chunks), unroll) * unroll
-    return Plan(block_n, chunk, 4, unroll, 1)._replace(**_forced)
+        n_chunks = min(_cdiv(want, blocks), T // MIN_CHUNK)
+        chunk = _cdiv(_cdiv(T, n_chunks), unroll) * unroll
+    return Plan(block_n, chunk, 4, unroll, 1)
 
 
 def _pow2_floor(n):
     return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def _pow2_ceil(n):
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _cdiv(a, b):
+    return -(-a // b)  # plain Python: triton.cdiv is a JIT-aware function, slow per call
 
 
 # ---- launches -----------------------------------------------------------------------------
@@ -398,15 +428,18 @@ def _pow2_floor(n):
 def _dense(x):
     """x itself if its (R, C) blocks are dense and every outer stride is a multiple of R*C (what
     the kernels' block loads assume; broadcasts with stride 0 qualify), else a contiguous copy."""
-    rows, cols = x.shape[-2:]
-    inner = (x.stride(-1) == 1 or cols == 1) and (x.stride(-2) == cols or rows == 1)
-    outer = all(s % (rows * cols) == 0 or d == 1 for s, d in zip(x.stride()[:-2], x.shape[:-2]))
-    return x if inner and outer else x.contiguous()
+    *outer, rows, cols = x.shape
+    *outer_strides, row_stride, col_stride = x.stride()
+    inner = (col_stride == 1 or cols == 1) and (row_stride == cols or rows == 1)
+    if inner and all(s % (rows * cols) == 0 or d == 1 for s, d in zip(outer_strides, outer)):
+        return x
+    return x.contiguous()
 
 
 def _seq(x):
     """A (B, T, n, R, C) tensor as kernel arguments: pointer and its b, t, n strides."""
-    return (x, x.stride(0), x.stride(1), x.stride(2))
+    sb, st, sn = x.stride()[:3]
+    return (x, sb, st, sn)
 
 
 def _per_lane(x):
@@ -430,29 +463,21 @@ def _forward(A, X, h0, H, P):
     """Fill H (and P, the prefix products, if given) with the walk from h0 (zeros if None)."""
     B, T, n, k, _ = A.shape
     v = X.shape[-1]
-    lay = plan(B * n, T, k, v + (k if P is not None else 0), A.device)
+    lay = plan(B * n, T, k, v + k, A.device)  # + k: the T-split's first pass carries the product
     const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks = triton.cdiv(T, lay.chunk)
-    blocks = triton.cdiv(B * n, lay.block_n)
-    none, pmode = (A, 0, 0, 0), (PROD if P is not None else NO_P).value
+    n_chunks, blocks = _cdiv(T, lay.chunk), _cdiv(B * n, lay.block_n)
+    none = (A, 0, 0, 0)
     init = _per_lane(h0) if h0 is not None else (A, 0, 0)
-    out_p = _seq(P) if P is not None else none
-    carry = (none, none)
+    agg = (none, none)
     kernel = wrap_triton(_forward_kernel)
-    if n_chunks > 1:
-        agg_p, agg_h = _rows(n_chunks, B, n, k, k, A), _rows(n_chunks, B, n, k, v, A)
-        kernel[(blocks, n_chunks)](*_seq(A), *none, *_seq(X), A, 0, 0, *none, *none, *_seq(agg_p), *_seq(agg_h),
-                                   n, B * n, T, lay.chunk, PMODE=PROD.value, HAS_H0=False, HAS_CARRY=False,
-                                   LAST_ONLY=True, **const)
-        car_p = _rows(n_chunks, B, n, k, k, A) if P is not None else None
-        car_h = _rows(n_chunks, B, n, k, v, A)
-        carry = (_seq(car_p) if P is not None else none, _seq(car_h))
-        kernel[(blocks, 1)](*_seq(agg_p), *none, *_seq(agg_h), *init, *none, *none, *carry[0], *carry[1],
-                            n, B * n, n_chunks, n_chunks, PMODE=pmode, HAS_H0=h0 is not None, HAS_CARRY=False,
-                            LAST_ONLY=False, **const)
-    kernel[(blocks, n_chunks)](*_seq(A), *none, *_seq(X), *init, *carry[0], *carry[1], *out_p, *_seq(H),
-                               n, B * n, T, lay.chunk, PMODE=pmode, HAS_H0=h0 is not None,
-                               HAS_CARRY=n_chunks > 1, LAST_ONLY=False, **const)
+    if n_chunks > 1:  # first pass: every chunk's product and offset
+        agg = (_seq(_rows(n_chunks, B, n, k, k, A)), _seq(_rows(n_chunks, B, n, k, v, A)))
+        kernel[(blocks, n_chunks)](*_seq(A), *_seq(X), A, 0, 0, *none, *none, *agg[0], *agg[1],
+                                   n, B * n, T, lay.chunk, PMODE=PROD.value, HAS_H0=False, AGG_PASS=True,
+                                   SPLIT=False, **const)
+    kernel[(blocks, n_chunks)](*_seq(A), *_seq(X), *init, *agg[0], *agg[1], *(_seq(P) if P is not None else none),
+                               *_seq(H), n, B * n, T, lay.chunk, PMODE=(PROD if P is not None else NO_P).value,
+                               HAS_H0=h0 is not None, AGG_PASS=False, SPLIT=n_chunks > 1, **const)
 
 
 def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
@@ -462,32 +487,22 @@ def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
     has_p = P is not None
     lay = plan(B * n, T, k, v + k + (k if has_p else 0), A.device)
     const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks = triton.cdiv(T, lay.chunk)
-    blocks = triton.cdiv(B * n, lay.block_n)
+    n_chunks, blocks = _cdiv(T, lay.chunk), _cdiv(B * n, lay.block_n)
     none = (A, 0, 0, 0)
     p_args = (_seq(P), _seq(gP)) if has_p else (none, none)
-    init = _per_lane(h0) if h0 is not None else (A, 0, 0)
-    carry = (none, none)
-    if n_chunks > 1:
-        agg_m, agg_h = _rows(n_chunks, B, n, k, k, A), _rows(n_chunks, B, n, k, v, A)
-        agg_p = _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none
-        wrap_triton(_backward_kernel)[(blocks, n_chunks)](
-            *_seq(A), *p_args[1], *_seq(gH), *none, *none, A, 0, 0, *none, *none, *none, *none, A, 0, 0,
-            *_seq(agg_m), *agg_p, *_seq(agg_h), n, B * n, T, lay.chunk, n_chunks,
-            HAS_P=has_p, HAS_H0=False, HAS_CARRY=False, GRADS=False, **const)
-        # lam at each chunk start: the forward kernel over the reversed aggregates (M, y) from 0
-        car_p = _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none
-        car_h = _seq(_rows(n_chunks, B, n, k, v, A))
-        wrap_triton(_forward_kernel)[(blocks, 1)](
-            *_seq(agg_m), *agg_p, *_seq(agg_h), A, 0, 0, *none, *none, *car_p, *car_h,
-            n, B * n, n_chunks, n_chunks, PMODE=(ADJ if has_p else NO_P).value, HAS_H0=False,
-            HAS_CARRY=False, LAST_ONLY=False, **const)
-        carry = (car_p, car_h)
-    wrap_triton(_backward_kernel)[(blocks, n_chunks)](
-        *_seq(A), *p_args[1], *_seq(gH), *p_args[0], *_seq(H), *init, *carry[0], *carry[1],
-        *_seq(dA), *_seq(dX), *(_per_lane(dh0) if h0 is not None else (A, 0, 0)), *none, *none, *none,
-        n, B * n, T, lay.chunk, n_chunks, HAS_P=has_p, HAS_H0=h0 is not None, HAS_CARRY=n_chunks > 1,
-        GRADS=True, **const)
+    agg = (none, none, none)
+    kernel = wrap_triton(_backward_kernel)
+    if n_chunks > 1:  # first pass: every chunk's map lam_end -> lam_start, later chunks first
+        agg = (_seq(_rows(n_chunks, B, n, k, k, A)), _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none,
+               _seq(_rows(n_chunks, B, n, k, v, A)))
+        kernel[(blocks, n_chunks)](*_seq(A), *p_args[1], *_seq(gH), *none, *none, A, 0, 0, *none, *none, A, 0, 0,
+                                   *agg[0], *agg[1], *agg[2], n, B * n, T, lay.chunk, n_chunks,
+                                   HAS_P=has_p, HAS_H0=False, SPLIT=False, GRADS=False, **const)
+    kernel[(blocks, n_chunks)](*_seq(A), *p_args[1], *_seq(gH), *p_args[0], *_seq(H),
+                               *(_per_lane(h0) if h0 is not None else (A, 0, 0)), *_seq(dA), *_seq(dX),
+                               *(_per_lane(dh0) if h0 is not None else (A, 0, 0)), *agg[0], *agg[1], *agg[2],
+                               n, B * n, T, lay.chunk, n_chunks, HAS_P=has_p, HAS_H0=h0 is not None,
+                               SPLIT=n_chunks > 1, GRADS=True, **const)
 
 
 def _grad(g, like):
@@ -591,15 +606,17 @@ torch.library.register_autograd("mingru::matrix_recurrence", _recurrence_grad, s
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
 def _check(A, X):
-    require_dtype(A)
-    require(A.is_cuda or (A.device.type == "cpu" and interpreting()),
-            f"tensors on {A.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
-    k, v = A.shape[-1], X.shape[-1]
-    require(k in BLOCK_SIZES, f"block size k={k} is outside the kernel envelope {BLOCK_SIZES}")
-    require(v in BLOCK_SIZES, f"injection width v={v} is outside the kernel envelope {BLOCK_SIZES}")
-    # time offsets are 32-bit inside a lane; lanes are addressed with 64-bit offsets
-    require(max(x.shape[1] * max(x.stride(1), 1) for x in (A, X)) < 2**31,
-            "one batch element spans more than 2**31 elements")
+    """ScanFallback outside the envelope (the messages are only built when raised: this runs per call)."""
+    k, v, T, n = A.shape[-1], X.shape[-1], A.shape[1], A.shape[2]
+    if A.dtype not in KERNEL_DTYPES:
+        raise ScanFallback(f"dtype {A.dtype} is outside the kernel envelope")
+    if not (A.is_cuda or (A.device.type == "cpu" and interpreting())):
+        raise ScanFallback(f"tensors on {A.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
+    if k not in BLOCK_SIZES or v not in BLOCK_SIZES:
+        raise ScanFallback(f"block size k={k}, injection width v={v}: the kernels take k, v in {BLOCK_SIZES}")
+    # time offsets are 32-bit within a lane (lanes use 64-bit offsets)
+    if T * max(A.stride(1), X.stride(1), n * k * max(k, v)) >= 2**31:
+        raise ScanFallback("one batch element spans more than 2**31 elements")
 
 
 def matrix_affine_scan(A, Bm):
