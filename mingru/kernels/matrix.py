@@ -114,6 +114,16 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
     return z
 
 
+@triton.jit
+def _program(BN: tl.constexpr, L, NL, CHUNK, T):
+    """This program's lanes (live mask [BN, 1], batch and n index) and its chunk c = [start, end)."""
+    lane = tl.program_id(0) * BN + tl.arange(0, BN)
+    c = tl.program_id(1)
+    start = c * CHUNK
+    return ((lane < L)[:, None], (lane // NL).to(tl.int64), (lane % NL).to(tl.int64), c, start,
+            tl.minimum(start + CHUNK, T))
+
+
 # ---- forward: S_t = A_t S_{t-1} + X_t ------------------------------------------------------
 
 @triton.jit
@@ -190,13 +200,7 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_
     Otherwise write every state to OP (if PMODE) and OH, starting (when SPLIT) from the initial
     state carried through the aggregates GP, GH of chunks 0..c-1.
     """
-    lane = tl.program_id(0) * BN + tl.arange(0, BN)
-    live = (lane < L)[:, None]
-    b = (lane // NL).to(tl.int64)
-    i = (lane % NL).to(tl.int64)
-    c = tl.program_id(1)
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, T)
+    live, b, i, c, start, end = _program(BN, L, NL, CHUNK, T)
     eye = _eye(BN, K, F64)
     a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
     xh_tile = _tile(XH, xh_sb, xh_sn, b, i, K, V)
@@ -279,13 +283,7 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     lam_start = M lam_end + y goes to row NCHUNK-1-c of OM, OP, OH: reversed, so the later
     chunks come first and the carry is the forward walk over rows 0..NCHUNK-2-c.
     """
-    lane = tl.program_id(0) * BN + tl.arange(0, BN)
-    live = (lane < L)[:, None]
-    b = (lane // NL).to(tl.int64)
-    i = (lane % NL).to(tl.int64)
-    c = tl.program_id(1)
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, T)
+    live, b, i, c, start, end = _program(BN, L, NL, CHUNK, T)
     eye = _eye(BN, K, F64)
     a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
     gp_tile = _tile(GP, gp_sb, gp_sn, b, i, K, K)
@@ -388,11 +386,16 @@ def plan(lanes, T, k, width, device):
     """Layout of a walk over `lanes` states of k x `width` columns along T steps.
 
     Rule: BLOCK_N = the most lanes (a power of two, <= 128) whose broadcast products fit
-    PRODUCTS_PER_PROGRAM. The walk is latency-bound (each step waits on the previous one and on
-    its loads; the seed measured ~0.43 us a step), so time, not bandwidth, is the cost: when the
-    lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 4 * MIN_CHUNK, T
-    is cut into chunks of >= MIN_CHUNK steps until they do. A split costs two more launches and
-    walks each chunk twice plus the carry pass over the chunks, so short sequences stay whole.
+    PRODUCTS_PER_PROGRAM. The walk is latency-bound (each step waits on the previous one), so
+    when the lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 4 *
+    MIN_CHUNK, T is cut into chunks of >= MIN_CHUNK steps until they do. A split costs a second
+    launch and walks each chunk twice plus the earlier chunks' aggregates, so short T stays whole.
+
+    Measured on the H200 (tools/probe_matrix.py, 3-launch split, median us): matrix_scan
+    B16-T1024-n32 forward on its own (CUDA graph) 15.5 split in 32 chunks; unsplit, a step costs
+    ~0.15 us (B128-T64: 9.3 for 64 steps). matrix_affine_scan k=8 B16-T1024-n8 (GPU-bound):
+    298 split in 16 chunks vs 1008 whole. Through do_bench every launch also costs ~100 us of
+    host time there, so at B128-T64 the ops measure 115-135 whole and 250-470 split.
     """
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     return _plan(lanes, T, k, width, sms)._replace(**_forced)
@@ -509,62 +512,63 @@ def _grad(g, like):
     return torch.zeros_like(like) if g is None else _dense(g)
 
 
-# ---- matrix_affine_scan -------------------------------------------------------------------
+# ---- matrix_affine_scan, and matrix_scan: its k=2, v=1 instance with b (B,T,n,2) as (B,T,n,2,1) ----
+
+def _scan_forward(A, Bm, Bbar):
+    A = _dense(A)
+    Abar = A.new_empty(A.shape)
+    _forward(A, _dense(Bm), None, Bbar, Abar)
+    return Abar
+
+
+def _scan_backward(A, Abar, Bbar, gA, gB, dB):
+    A = _dense(A)
+    dA = A.new_empty(A.shape)
+    _backward(A, _dense(Abar), _dense(Bbar), None, _dense(gA), _dense(gB), dA, dB, None)
+    return dA
+
 
 @triton_op("mingru::matrix_affine_scan", mutates_args=())
 def _matrix_affine_scan(A: torch.Tensor, Bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    A, Bm = _dense(A), _dense(Bm)
-    Abar, Bbar = A.new_empty(A.shape), A.new_empty(Bm.shape)
-    _forward(A, Bm, None, Bbar, Abar)
-    return Abar, Bbar
+    Bbar = A.new_empty(Bm.shape)
+    return _scan_forward(A, Bm, Bbar), Bbar
 
 
 @triton_op("mingru::matrix_affine_scan_backward", mutates_args=())
 def _matrix_affine_scan_backward(A: torch.Tensor, Abar: torch.Tensor, Bbar: torch.Tensor, gA: torch.Tensor,
                                  gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    A = _dense(A)
-    dA, dB = A.new_empty(A.shape), A.new_empty(Bbar.shape)
-    _backward(A, Abar, Bbar, None, _dense(gA), _dense(gB), dA, dB, None)
-    return dA, dB
+    dB = A.new_empty(Bbar.shape)
+    return _scan_backward(A, Abar, Bbar, gA, gB, dB), dB
 
-
-def _affine_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], *output)
-
-
-def _affine_grad(ctx, gA, gB):
-    A, Abar, Bbar = ctx.saved_tensors
-    return torch.ops.mingru.matrix_affine_scan_backward(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
-
-
-torch.library.register_autograd("mingru::matrix_affine_scan", _affine_grad, setup_context=_affine_setup)
-
-
-# ---- matrix_scan: the k=2, v=1 instance, b (B,T,n,2) seen as (B,T,n,2,1) ---------------------
 
 @triton_op("mingru::matrix_scan", mutates_args=())
 def _matrix_scan(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    M = _dense(M)
-    Abar, Bc = M.new_empty(M.shape), M.new_empty(b.shape)
-    _forward(M, _dense(b.unsqueeze(-1)), None, Bc.unsqueeze(-1), Abar)
-    return Abar, Bc
+    Bc = M.new_empty(b.shape)
+    return _scan_forward(M, b.unsqueeze(-1), Bc.unsqueeze(-1)), Bc
 
 
 @triton_op("mingru::matrix_scan_backward", mutates_args=())
 def _matrix_scan_backward(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
                           gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    M = _dense(M)
-    dM, db = M.new_empty(M.shape), M.new_empty(Bc.shape)
-    _backward(M, Abar, Bc.unsqueeze(-1), None, _dense(gA), _dense(gB.unsqueeze(-1)), dM, db.unsqueeze(-1), None)
-    return dM, db
+    db = M.new_empty(Bc.shape)
+    return _scan_backward(M, Abar, Bc.unsqueeze(-1), gA, gB.unsqueeze(-1), db.unsqueeze(-1)), db
 
 
-def _scan_grad(ctx, gA, gB):
-    M, Abar, Bc = ctx.saved_tensors
-    return torch.ops.mingru.matrix_scan_backward(M, Abar, Bc, _grad(gA, Abar), _grad(gB, Bc))
+def _scan_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], *output)
 
 
-torch.library.register_autograd("mingru::matrix_scan", _scan_grad, setup_context=_affine_setup)
+def _scan_grad(backward_op):
+    def grad(ctx, gA, gB):
+        A, Abar, Bbar = ctx.saved_tensors
+        return backward_op(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
+    return grad
+
+
+torch.library.register_autograd("mingru::matrix_affine_scan",
+                                _scan_grad(torch.ops.mingru.matrix_affine_scan_backward), setup_context=_scan_setup)
+torch.library.register_autograd("mingru::matrix_scan", _scan_grad(torch.ops.mingru.matrix_scan_backward),
+                                setup_context=_scan_setup)
 
 
 # ---- matrix_recurrence: states only, no prefix products -------------------------------------
@@ -583,7 +587,7 @@ def _matrix_recurrence_backward(A: torch.Tensor, h: torch.Tensor, h0: Optional[t
     A = _dense(A)
     dA, dX = A.new_empty(A.shape), A.new_empty(h.shape)
     dh0 = A.new_empty(h.shape[0], *h.shape[2:]) if h0 is not None else A.new_empty(0)
-    _backward(A, None, h, None if h0 is None else _dense(h0), None, _dense(g), dA, dX,
+    _backward(A, None, _dense(h), None if h0 is None else _dense(h0), None, _dense(g), dA, dX,
               dh0 if h0 is not None else None)
     return dA, dX, dh0
 
