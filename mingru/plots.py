@@ -56,8 +56,9 @@ def speedup(data):
     rows = _ok(data["rows"], "eager_us")
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig = Figure(figsize=(14, 4.2 * max(len(shapes), 1)), layout="constrained")
-    series = [("compile_x", "fwd"), ("compile_x", "fwd+bwd"), ("triton_x", "fwd"), ("triton_x", "fwd+bwd")]
-    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d"]
+    series = [("compile_x", "fwd"), ("compile_x", "fwd+bwd"), ("triton_x", "fwd"), ("triton_x", "fwd+bwd"),
+              ("triton_graph_x", "fwd"), ("triton_graph_x", "fwd+bwd")]
+    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d", "#a1d99b", "#31a354"]
     for i, shape in enumerate(shapes):
         ax = fig.add_subplot(len(shapes), 1, i + 1)
         # An op can appear at two layouts (rotation_recurrence k=8 and k=2): group by op and dims.
@@ -107,6 +108,12 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
 def bandwidth(data):
     """Achieved GB/s against T, one line per (B, D), with this run's copy bandwidth."""
     return _roofline_grid(data, "gbps", "achieved GB/s (minimum bytes)", "Triton bandwidth vs T", True)
+
+
+def bandwidth_gpu(data):
+    """The same, from CUDA-graph replay: the GPU's own time, without the host's per-call cost."""
+    return _roofline_grid(data, "graph_gbps", "achieved GB/s, CUDA graph (minimum bytes)",
+                          "Triton bandwidth vs T, GPU time only", True)
 
 
 def time_vs_T(data):
@@ -202,7 +209,7 @@ def peers_time(data):
 
 FIGURES = {
     "scan_bench": {"speedup": speedup},
-    "roofline": {"bandwidth": bandwidth, "time": time_vs_T},
+    "roofline": {"bandwidth": bandwidth, "bandwidth_gpu": bandwidth_gpu, "time": time_vs_T},
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
     "peers": {"time": peers_time},

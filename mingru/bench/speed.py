@@ -8,7 +8,7 @@ import torch
 
 from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, failure, gate
-from mingru.bench.timing import Progress, median_us, scan_impl
+from mingru.bench.timing import Progress, graph_us, median_us, scan_impl
 
 NAME, SUBJECT = "scan_bench", "op"
 SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
@@ -56,11 +56,12 @@ def competitor(job, fn, cot, want, g, mode, device, reps):
             got = cases.forward(job, fn) if cot is None else cases.forward_backward(job, cot, fn)
             err = max(cases.max_err(got[0], want[0]), cases.max_err(got[1], want[1]))
             if not (cases.within(got[0], want[0], *g["out"]) and cases.within(got[1], want[1], *g["grad"])):
-                return None, err, f"wrong: max abs error {err:.2e} vs eager"
+                return (None, None), err, f"wrong: max abs error {err:.2e} vs eager"
             grads = job.leaves if cot is not None else ()
-            return median_us(lambda: cases.step(job, cot, fn), device, grads, reps), err, "ok"
+            step = lambda: cases.step(job, cot, fn)  # noqa: E731
+            return (median_us(step, device, grads, reps), graph_us(step, device, grads)), err, "ok"
     except Exception as exc:  # noqa: BLE001  (compile errors come in many types; each becomes a row)
-        return None, None, failure(exc)
+        return (None, None), None, failure(exc)
 
 
 def measure_subject(name, dims, shape, device, quick, env, backend):
@@ -80,20 +81,24 @@ def measure_subject(name, dims, shape, device, quick, env, backend):
                 cot = cases.cotangents_for(outs)
                 want = cases.forward_backward(run, cot)
             eager_us = median_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), reps)
+            eager_graph = graph_us(lambda: cases.step(run, cot), device, run.leaves if cot else ())
         row = {"op": name, "shape": shape, "dims": cases.label(dims), "B": dims["B"], "T": dims["T"],
-               "direction": direction, "dtype": "float32", "eager_us": eager_us}
+               "direction": direction, "dtype": "float32", "eager_us": eager_us, "eager_graph_us": eager_graph}
         if compiled is None:
-            row["compile_us"], compile_status = None, NOT_COMPILED
+            (row["compile_us"], row["compile_graph_us"]), compile_status = (None, None), NOT_COMPILED
         else:
-            row["compile_us"], _, compile_status = competitor(run, compiled, cot, want, g, "eager", device, reps)
+            (row["compile_us"], row["compile_graph_us"]), _, compile_status = competitor(
+                run, compiled, cot, want, g, "eager", device, reps)
         if triton_ok:
-            row["triton_us"], row["triton_err"], triton_status = competitor(
+            (row["triton_us"], row["triton_graph_us"]), row["triton_err"], triton_status = competitor(
                 run, run.fn, cot, want, g, "triton", device, reps)
         else:
-            row["triton_us"], triton_status = None, SKIPPED
+            row["triton_us"], row["triton_graph_us"], triton_status = None, None, SKIPPED
         row["compile_x"] = _ratio(eager_us, row["compile_us"])
         row["triton_x"] = _ratio(eager_us, row["triton_us"])
         row["triton_vs_compile"] = _ratio(row["compile_us"], row["triton_us"])
+        row["triton_graph_x"] = _ratio(eager_graph, row["triton_graph_us"])
+        row["triton_graph_vs_compile"] = _ratio(row["compile_graph_us"], row["triton_graph_us"])
         bad = [f"{who} {s}" for who, s in (("compile", compile_status), ("triton", triton_status))
                if s not in ("ok", NOT_COMPILED)]
         row["status"] = "; ".join(bad) or "ok"
@@ -136,8 +141,12 @@ def summarize(rows, env):
                    "gates before timing" if backend == "inductor" else
                    "CPU smoke run: wall-clock medians of a few calls, not GPU numbers"),
         "columns": ["op", "shape", "dims", "direction", "eager_us", "compile_us", "triton_us",
-                    "compile_x", "triton_x", "triton_vs_compile", "status"],
-        "notes": ["*_x = eager time / that competitor's time (higher is faster); "
+                    "compile_x", "triton_x", "triton_vs_compile", "eager_graph_us", "compile_graph_us",
+                    "triton_graph_us", "triton_graph_x", "triton_graph_vs_compile", "status"],
+        "notes": ["*_us: wall time per call from do_bench (includes the host's Python and launch cost); "
+                  "*_graph_us: GPU time of the same call replayed from a CUDA graph (host cost removed, "
+                  "inputs warm in L2)",
+                  "*_x = eager time / that competitor's time (higher is faster); "
                   "triton_vs_compile = compile time / triton time",
                   f"torch.compile backend: {backend} (of the eager path, MINGRU_SCAN=eager)",
                   "rows where triton is slower than eager: " + ("; ".join(slower) or "none")],
