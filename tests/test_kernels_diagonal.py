@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import mingru
+from gradutil import outputs_and_grads
 from mingru import naive
 
 diagonal = pytest.importorskip("mingru.kernels.diagonal")
@@ -48,15 +49,11 @@ OPS = {
 }
 
 
+_run = outputs_and_grads
+
+
 def _as_tuple(outs):
     return outs if isinstance(outs, tuple) else (outs,)
-
-
-def _run(fn, inputs, cotangents):
-    inputs = [x.detach().clone().requires_grad_() for x in inputs]
-    outs = _as_tuple(fn(*inputs))
-    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
-    return list(outs), [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
 
 
 def _check(name, inputs, tol, layout=(0, 0)):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mingru
+from gradutil import outputs_and_grads
 from mingru import naive
 from mingru.dispatch import ScanFallback
 from mingru.kernels.common import BLOCK_SIZES, allow_tf32_dots
@@ -41,15 +42,11 @@ def _inputs(op, B, T, n, k, v, dtype, device, seed=0):
     return [x.to(device=device, dtype=dtype) for x in xs]
 
 
+_run = outputs_and_grads
+
+
 def _as_tuple(outs):
     return outs if isinstance(outs, tuple) else (outs,)
-
-
-def _run(fn, inputs, cotangents):
-    inputs = [x.detach().clone().requires_grad_() for x in inputs]
-    outs = _as_tuple(fn(*inputs))
-    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
-    return list(outs), [x.grad for x in inputs]
 
 
 def _check(name, inputs, plan=None):

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import mingru
+from gradutil import outputs_and_grads
 from mingru import naive, scans
 
 pytestmark = pytest.mark.usefixtures("eager_mode")
@@ -11,19 +12,13 @@ pytestmark = pytest.mark.usefixtures("eager_mode")
 TS = [1, 2, 7, 64, 100, 257]
 
 
-def _grads(fn, inputs, cotangents):
-    inputs = [x.detach().clone().requires_grad_() for x in inputs]
-    outs = fn(*inputs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    torch.autograd.backward(list(outs), [c.to(o.dtype) for o, c in zip(outs, cotangents)])
-    # an input the outputs do not depend on (a at T=1 with h0 = 0) has no grad: that is a zero
-    return outs, [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
+_grads = outputs_and_grads
 
 
 def _check(op, ref, inputs, atol, rtol=1e-5):
     outs, grads = _grads(op, inputs, _cotangents(op, inputs))
     ref_outs, ref_grads = _grads(ref, [x.double() for x in inputs], _cotangents(op, inputs))
-    for got, want in zip(outs + tuple(grads), ref_outs + tuple(ref_grads)):
+    for got, want in zip(outs + grads, ref_outs + ref_grads):
         torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol)
 
 
