@@ -56,9 +56,8 @@ def speedup(data):
     rows = _ok(data["rows"], "eager_us")
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig = Figure(figsize=(14, 4.2 * max(len(shapes), 1)), layout="constrained")
-    series = [("compile_x", "fwd"), ("compile_x", "fwd+bwd"), ("triton_x", "fwd"), ("triton_x", "fwd+bwd"),
-              ("triton_graph_x", "fwd"), ("triton_graph_x", "fwd+bwd")]
-    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d", "#a1d99b", "#31a354"]
+    series = [("compile_x", "fwd"), ("compile_x", "fwd+bwd"), ("triton_x", "fwd"), ("triton_x", "fwd+bwd")]
+    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d"]
     for i, shape in enumerate(shapes):
         ax = fig.add_subplot(len(shapes), 1, i + 1)
         # An op can appear at two layouts (rotation_recurrence k=8 and k=2): group by op and dims.
