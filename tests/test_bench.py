@@ -174,3 +174,14 @@ def test_unknown_harness_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["speed,sped", "--quick"])
     assert "unknown harness sped" in capsys.readouterr().err
+
+
+def test_shards_partition_the_cases():
+    from mingru.bench import _sharded
+    names = [f"op{i}" for i in range(11)]
+    parts = []
+    for index in range(3):
+        keep = _sharded(lambda name: name != "op4", index, 3)
+        parts.append([n for n in names if keep(n)])
+    assert sorted(sum(parts, [])) == sorted(n for n in names if n != "op4")
+    assert all(parts) and len({n for p in parts for n in p}) == sum(len(p) for p in parts)

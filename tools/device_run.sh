@@ -3,6 +3,9 @@
 # argument as one step with a time limit, packing results/ and notebooks/ into $OUT after every step,
 # so a step cut short still returns what the others wrote. Usage (carry .whl):
 #   MINGRU_COMMIT=<sha> bash tools/device_run.sh "SECONDS:command" ...
+# The parity sweep compiles hundreds of kernel variants: run it as parallel shards, e.g.
+#   "300:for i in $(seq 0 15); do python3 -m mingru.bench parity --shard $i/16 --out /tmp/par/$i & done; wait;
+#         python3 tools/merge_results.py parity results /tmp/par/*"
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH || exit 1

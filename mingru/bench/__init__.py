@@ -9,13 +9,18 @@ from the same GPU, so a long sweep can be split across several calls.
 """
 import argparse
 import importlib
+import itertools
 from pathlib import Path
 
 HARNESSES = ("speed", "roofline", "memory", "parity", "peers")
 
 
-def run(which, quick=False, out="results", only=None):
-    """Run harnesses ('all', a name, or names joined by commas); return the paths written."""
+def run(which, quick=False, out="results", only=None, shard=None):
+    """Run harnesses ('all', a name, or names joined by commas); return the paths written.
+
+    shard=(i, n) keeps every n-th case the harness asks about, starting at the i-th, so n processes
+    can share a long sweep (each compiles only its own kernels); tools/merge_results.py joins them.
+    """
     import torch
 
     from mingru import plots
@@ -28,6 +33,8 @@ def run(which, quick=False, out="results", only=None):
     paths = [report.write_env(out, env)]
     wanted = [w.strip() for w in only.split(",")] if only else None
     keep = (lambda name: any(w in name for w in wanted)) if wanted else (lambda name: True)
+    if shard:
+        keep = _sharded(keep, *shard)
     for name in names:
         module = importlib.import_module(f"mingru.bench.{name}")
         rows = module.measure(device, quick, env, keep)
@@ -40,6 +47,18 @@ def run(which, quick=False, out="results", only=None):
         paths += report.write(out, module.NAME, env, rows, meta)
         paths += plots.draw(module.NAME, out)
     return paths
+
+
+def _sharded(keep, index, count):
+    seen = itertools.count()
+    return lambda name: keep(name) and next(seen) % count == index
+
+
+def _shard(text):
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"--shard takes I/N with 0 <= I < N, got {text!r}")
+    return int(index), int(count)
 
 
 def _merge(path, subject, rows, keep, env):
@@ -65,6 +84,8 @@ def main(argv=None):
     parser.add_argument("--out", default="results", help="output folder (default: results)")
     parser.add_argument("--only", default=None,
                         help="comma-separated parts of op/mixer/peer names to keep, e.g. matrix,Givens")
+    parser.add_argument("--shard", type=_shard, default=None,
+                        help="I/N: run every N-th case from the I-th (parallel processes; see tools/merge_results.py)")
     args = parser.parse_args(argv)
     unknown = set(args.what.split(",")) - set(HARNESSES) if args.what != "all" else set()
     if unknown:
@@ -72,5 +93,5 @@ def main(argv=None):
     import torch
     if not args.quick and not torch.cuda.is_available():
         parser.error("the benchmarks need a CUDA GPU; use --quick for a CPU smoke run")
-    for path in run(args.what, args.quick, args.out, args.only):
+    for path in run(args.what, args.quick, args.out, args.only, args.shard):
         print(path)
