@@ -36,9 +36,13 @@ def log_combine(earlier, later):
     return a1 + a2, torch.logaddexp(s1 + a2, s2)
 
 
+def _acc(x):
+    """x in its accumulation dtype: float32 for half-precision inputs (None passes through)."""
+    return x.float() if x is not None and x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def _upcast(*xs):
-    dtype = torch.float32 if xs[0].dtype in (torch.float16, torch.bfloat16) else xs[0].dtype
-    return [None if x is None else x.to(dtype) for x in xs]
+    return [_acc(x) for x in xs]
 
 
 def linear_scan(a, b):
@@ -48,7 +52,7 @@ def linear_scan(a, b):
 
 def linear_recurrence(a, b, h0=None):
     A, Bc = hillis_steele(_upcast(a, b), scalar_combine)
-    h = Bc if h0 is None else A * _upcast(h0)[0].unsqueeze(1) + Bc
+    h = Bc if h0 is None else A * _acc(h0).unsqueeze(1) + Bc
     return h.to(a.dtype)
 
 
@@ -72,7 +76,7 @@ def matrix_scan(M, b):
 
 def matrix_recurrence(A, X, h0=None):
     Abar, Bbar = hillis_steele(_upcast(A, X), matrix_combine)
-    h = Bbar if h0 is None else Abar @ _upcast(h0)[0].unsqueeze(1) + Bbar
+    h = Bbar if h0 is None else Abar @ _acc(h0).unsqueeze(1) + Bbar
     return h.to(A.dtype)
 
 
@@ -90,13 +94,12 @@ def givens_matrices(angles, decay):
         q = (p + 1) % k
         c, s = angles[..., layer, :].cos().unsqueeze(-1), angles[..., layer, :].sin().unsqueeze(-1)
         Mp, Mq = M[..., p, :], M[..., q, :]
-        rows = torch.empty_like(M)
-        rows = rows.index_copy(-2, p, c * Mp - s * Mq).index_copy(-2, q, s * Mp + c * Mq)
-        M = rows
+        # p and q together cover every row once, so the empty rows are all overwritten
+        M = torch.empty_like(M).index_copy(-2, p, c * Mp - s * Mq).index_copy(-2, q, s * Mp + c * Mq)
     return decay[..., None, None] * M
 
 
 def rotation_recurrence(angles, decay, u, h0=None):
     M = givens_matrices(*_upcast(angles, decay))
-    h = matrix_recurrence(M, _upcast(u)[0].unsqueeze(-1), None if h0 is None else _upcast(h0)[0].unsqueeze(-1))
+    h = matrix_recurrence(M, _acc(u).unsqueeze(-1), None if h0 is None else _acc(h0).unsqueeze(-1))
     return h.squeeze(-1).to(u.dtype)

@@ -27,11 +27,6 @@ def check_tensors(op, **tensors):
                             "pass one dtype")
 
 
-def check_shape(op, name, x, expected):
-    """`expected` is a tuple of ints (exact) and strings (names, bound on first use)."""
-    return _match(op, name, x, expected, {})
-
-
 def check_shapes(op, specs):
     """specs: [(name, tensor, expected)]; named sizes must agree across all tensors."""
     sizes = {}

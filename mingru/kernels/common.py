@@ -37,10 +37,5 @@ def require_dtype(x):
     require(x.dtype in KERNEL_DTYPES, f"dtype {x.dtype} is outside the kernel envelope")
 
 
-def acc_dtype(dtype):
-    """Accumulate in float32, or float64 for float64 inputs (used by the fp64 gradcheck tests)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def next_pow2(n):
     return triton.next_power_of_2(max(int(n), 1))
