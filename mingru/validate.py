@@ -39,7 +39,7 @@ def check_shapes(op, specs):
 
 
 def _match(op, name, x, expected, sizes):
-    want = "(" + ", ".join(str(e) for e in expected) + ")"
+    want = _Shape(expected)  # rendered only inside an error message: this runs on every call
     if x.dim() != len(expected):
         raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(x.shape)} "
                          f"({x.dim()} dims, expected {len(expected)})")
@@ -59,3 +59,8 @@ def _match(op, name, x, expected, sizes):
         else:
             sizes[exp] = got
     return sizes
+
+
+class _Shape(tuple):
+    def __str__(self):
+        return "(" + ", ".join(str(e) for e in self) + ")"

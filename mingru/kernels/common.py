@@ -1,8 +1,9 @@
-"""What every kernel module shares on the Python side: envelope checks, dtypes, TF32 switch."""
+"""What every kernel module shares on the Python side: envelope checks, dtypes, TF32 switch, op registration."""
 import contextlib
 
 import torch
 import triton
+from torch.library import triton_op
 
 from mingru.dispatch import ScanFallback
 
@@ -39,3 +40,33 @@ def require_dtype(x):
 
 def next_pow2(n):
     return triton.next_power_of_2(max(int(n), 1))
+
+
+def scan_op(name, forward, backward, setup_context, grad):
+    """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
+    return the callable the entry points use.
+
+    forward(*inputs) and backward(*saved) are plain launchers with type hints; setup_context and
+    grad(ctx, backward, *cotangents) follow torch.library.register_autograd. Under torch.compile
+    the callable is the registered triton_op, which the compiler traces without a graph break. In
+    eager it is an autograd.Function over the same launchers: the custom-op dispatcher costs tens
+    of microseconds of host time per call, which at the seed's small shapes is longer than the
+    kernel itself (see notebooks/04_speedups).
+    """
+    ops = torch.ops.mingru
+    triton_op(f"mingru::{name}", mutates_args=())(forward)
+    triton_op(f"mingru::{name}_backward", mutates_args=())(backward)
+    registered, registered_backward = getattr(ops, name), getattr(ops, f"{name}_backward")
+    torch.library.register_autograd(f"mingru::{name}", lambda ctx, *g: grad(ctx, registered_backward, *g),
+                                    setup_context=setup_context)
+    def direct_forward(ctx, *inputs):  # the ctx-first form: apply() then skips binding by signature
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    direct = type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(direct_forward), "backward": staticmethod(lambda ctx, *g: grad(ctx, backward, *g))})
+
+    def call(*inputs):
+        return registered(*inputs) if torch.compiler.is_compiling() else direct.apply(*inputs)
+    return call

@@ -22,10 +22,10 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from mingru.dispatch import interpreting
-from mingru.kernels.common import next_pow2, require, require_dtype
+from mingru.kernels.common import next_pow2, require, require_dtype, scan_op
 from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
@@ -346,17 +346,15 @@ def _grad(g, like):
 
 # ---- linear_scan -------------------------------------------------------------------------
 
-@triton_op("mingru::linear_scan", mutates_args=())
-def _linear_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _linear_scan_fwd(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = a.contiguous(), b.contiguous()
     A, Bc = torch.empty_like(a), torch.empty_like(b)
     _forward(SCAN, a, b, None, A, Bc)
     return A, Bc
 
 
-@triton_op("mingru::linear_scan_backward", mutates_args=())
-def _linear_scan_backward(a: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
-                          gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _linear_scan_bwd(a: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
+                     gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a, gA, gB = a.contiguous(), gA.contiguous(), gB.contiguous()
     da, db = torch.empty_like(a), torch.empty_like(a)
     _backward(SCAN, a, a, None, gB, gA, Bc, A, da, db, da)
@@ -367,19 +365,17 @@ def _linear_scan_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], *output)
 
 
-def _linear_scan_grad(ctx, gA, gB):
+def _linear_scan_grad(ctx, backward, gA, gB):
     a, A, Bc = ctx.saved_tensors
-    da, db = torch.ops.mingru.linear_scan_backward(a, A, Bc, _grad(gA, A), _grad(gB, Bc))
-    return da, db
+    return backward(a, A, Bc, _grad(gA, A), _grad(gB, Bc))
 
 
-torch.library.register_autograd("mingru::linear_scan", _linear_scan_grad, setup_context=_linear_scan_setup)
+_linear_scan = scan_op("linear_scan", _linear_scan_fwd, _linear_scan_bwd, _linear_scan_setup, _linear_scan_grad)
 
 
 # ---- linear_recurrence --------------------------------------------------------------------
 
-@triton_op("mingru::linear_recurrence", mutates_args=())
-def _linear_recurrence(a: torch.Tensor, b: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
+def _linear_recurrence_fwd(a: torch.Tensor, b: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
     a, b = a.contiguous(), b.contiguous()
     h0 = None if h0 is None else h0.contiguous()
     h = torch.empty_like(b)
@@ -387,9 +383,8 @@ def _linear_recurrence(a: torch.Tensor, b: torch.Tensor, h0: Optional[torch.Tens
     return h
 
 
-@triton_op("mingru::linear_recurrence_backward", mutates_args=())
-def _linear_recurrence_backward(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
-                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _linear_recurrence_bwd(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
+                           g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     a, g = a.contiguous(), g.contiguous()
     h0 = None if h0 is None else h0.contiguous()
     da, db = torch.empty_like(a), torch.empty_like(a)
@@ -404,29 +399,27 @@ def _linear_recurrence_setup(ctx, inputs, output):
     ctx.save_for_backward(a, h0, output)
 
 
-def _linear_recurrence_grad(ctx, g):
+def _linear_recurrence_grad(ctx, backward, g):
     a, h0, h = ctx.saved_tensors
-    da, db, dh0 = torch.ops.mingru.linear_recurrence_backward(a, h0, h, _grad(g, h))
+    da, db, dh0 = backward(a, h0, h, _grad(g, h))
     return da, db, (dh0 if ctx.has_h0 else None)
 
 
-torch.library.register_autograd("mingru::linear_recurrence", _linear_recurrence_grad,
-                                setup_context=_linear_recurrence_setup)
+_linear_recurrence = scan_op("linear_recurrence", _linear_recurrence_fwd, _linear_recurrence_bwd,
+                             _linear_recurrence_setup, _linear_recurrence_grad)
 
 
 # ---- parallel_scan_log --------------------------------------------------------------------
 
-@triton_op("mingru::parallel_scan_log", mutates_args=())
-def _parallel_scan_log(log_coeffs: torch.Tensor, log_values: torch.Tensor) -> torch.Tensor:
+def _parallel_scan_log_fwd(log_coeffs: torch.Tensor, log_values: torch.Tensor) -> torch.Tensor:
     lc, lv = log_coeffs.contiguous(), log_values.contiguous()
     h = torch.empty_like(lc)
     _forward(LOG, lc, lv, None, h, h)
     return h
 
 
-@triton_op("mingru::parallel_scan_log_backward", mutates_args=())
-def _parallel_scan_log_backward(log_coeffs: torch.Tensor, log_values: torch.Tensor, h: torch.Tensor,
-                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _parallel_scan_log_bwd(log_coeffs: torch.Tensor, log_values: torch.Tensor, h: torch.Tensor,
+                           g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lc, lv, g = log_coeffs.contiguous(), log_values.contiguous(), g.contiguous()
     dlc, dlv = torch.empty_like(lc), torch.empty_like(lv)
     _backward(LOG, lc, lv, None, g, g, h, h, dlc, dlv, dlc)
@@ -437,14 +430,13 @@ def _parallel_scan_log_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], inputs[1], output)
 
 
-def _parallel_scan_log_grad(ctx, g):
+def _parallel_scan_log_grad(ctx, backward, g):
     lc, lv, h = ctx.saved_tensors
-    dlc, dlv = torch.ops.mingru.parallel_scan_log_backward(lc, lv, h, _grad(g, h))
-    return dlc, dlv
+    return backward(lc, lv, h, _grad(g, h))
 
 
-torch.library.register_autograd("mingru::parallel_scan_log", _parallel_scan_log_grad,
-                                setup_context=_parallel_scan_log_setup)
+_parallel_scan_log = scan_op("parallel_scan_log", _parallel_scan_log_fwd, _parallel_scan_log_bwd,
+                             _parallel_scan_log_setup, _parallel_scan_log_grad)
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
@@ -458,14 +450,14 @@ def _check(x):
 
 def linear_scan(a, b):
     _check(a)
-    return torch.ops.mingru.linear_scan(a, b)
+    return _linear_scan(a, b)
 
 
 def linear_recurrence(a, b, h0=None):
     _check(a)
-    return torch.ops.mingru.linear_recurrence(a, b, h0)
+    return _linear_recurrence(a, b, h0)
 
 
 def parallel_scan_log(log_coeffs, log_values):
     _check(log_coeffs)
-    return torch.ops.mingru.parallel_scan_log(log_coeffs, log_values)
+    return _parallel_scan_log(log_coeffs, log_values)

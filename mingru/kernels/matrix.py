@@ -21,10 +21,10 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback, interpreting
-from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision
+from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision, scan_op
 
 # PMODE, how the k x k block of the forward walk behaves:
 NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
@@ -528,28 +528,24 @@ def _scan_backward(A, Abar, Bbar, gA, gB, dB):
     return dA
 
 
-@triton_op("mingru::matrix_affine_scan", mutates_args=())
-def _matrix_affine_scan(A: torch.Tensor, Bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrix_affine_scan_fwd(A: torch.Tensor, Bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Bbar = A.new_empty(Bm.shape)
     return _scan_forward(A, Bm, Bbar), Bbar
 
 
-@triton_op("mingru::matrix_affine_scan_backward", mutates_args=())
-def _matrix_affine_scan_backward(A: torch.Tensor, Abar: torch.Tensor, Bbar: torch.Tensor, gA: torch.Tensor,
-                                 gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrix_affine_scan_bwd(A: torch.Tensor, Abar: torch.Tensor, Bbar: torch.Tensor, gA: torch.Tensor,
+                            gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dB = A.new_empty(Bbar.shape)
     return _scan_backward(A, Abar, Bbar, gA, gB, dB), dB
 
 
-@triton_op("mingru::matrix_scan", mutates_args=())
-def _matrix_scan(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrix_scan_fwd(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Bc = M.new_empty(b.shape)
     return _scan_forward(M, b.unsqueeze(-1), Bc.unsqueeze(-1)), Bc
 
 
-@triton_op("mingru::matrix_scan_backward", mutates_args=())
-def _matrix_scan_backward(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
-                          gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrix_scan_bwd(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
+                     gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     db = M.new_empty(Bc.shape)
     return _scan_backward(M, Abar, Bc.unsqueeze(-1), gA, gB.unsqueeze(-1), db.unsqueeze(-1)), db
 
@@ -558,32 +554,27 @@ def _scan_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], *output)
 
 
-def _scan_grad(backward_op):
-    def grad(ctx, gA, gB):
-        A, Abar, Bbar = ctx.saved_tensors
-        return backward_op(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
-    return grad
+def _scan_grad(ctx, backward, gA, gB):
+    A, Abar, Bbar = ctx.saved_tensors
+    return backward(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
 
 
-torch.library.register_autograd("mingru::matrix_affine_scan",
-                                _scan_grad(torch.ops.mingru.matrix_affine_scan_backward), setup_context=_scan_setup)
-torch.library.register_autograd("mingru::matrix_scan", _scan_grad(torch.ops.mingru.matrix_scan_backward),
-                                setup_context=_scan_setup)
+_matrix_affine_scan = scan_op("matrix_affine_scan", _matrix_affine_scan_fwd, _matrix_affine_scan_bwd,
+                              _scan_setup, _scan_grad)
+_matrix_scan = scan_op("matrix_scan", _matrix_scan_fwd, _matrix_scan_bwd, _scan_setup, _scan_grad)
 
 
 # ---- matrix_recurrence: states only, no prefix products -------------------------------------
 
-@triton_op("mingru::matrix_recurrence", mutates_args=())
-def _matrix_recurrence(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
+def _matrix_recurrence_fwd(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
     A, X = _dense(A), _dense(X)
     h = A.new_empty(X.shape)
     _forward(A, X, None if h0 is None else _dense(h0), h, None)
     return h
 
 
-@triton_op("mingru::matrix_recurrence_backward", mutates_args=())
-def _matrix_recurrence_backward(A: torch.Tensor, h: torch.Tensor, h0: Optional[torch.Tensor],
-                                g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _matrix_recurrence_bwd(A: torch.Tensor, h: torch.Tensor, h0: Optional[torch.Tensor],
+                           g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     A = _dense(A)
     dA, dX = A.new_empty(A.shape), A.new_empty(h.shape)
     dh0 = A.new_empty(h.shape[0], *h.shape[2:]) if h0 is not None else A.new_empty(0)
@@ -598,13 +589,14 @@ def _recurrence_setup(ctx, inputs, output):
     ctx.save_for_backward(A, output, h0)
 
 
-def _recurrence_grad(ctx, g):
+def _recurrence_grad(ctx, backward, g):
     A, h, h0 = ctx.saved_tensors
-    dA, dX, dh0 = torch.ops.mingru.matrix_recurrence_backward(A, h, h0, _grad(g, h))
+    dA, dX, dh0 = backward(A, h, h0, _grad(g, h))
     return dA, dX, (dh0 if ctx.has_h0 else None)
 
 
-torch.library.register_autograd("mingru::matrix_recurrence", _recurrence_grad, setup_context=_recurrence_setup)
+_matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matrix_recurrence_bwd,
+                             _recurrence_setup, _recurrence_grad)
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
@@ -625,14 +617,14 @@ def _check(A, X):
 
 def matrix_affine_scan(A, Bm):
     _check(A, Bm)
-    return torch.ops.mingru.matrix_affine_scan(A, Bm)
+    return _matrix_affine_scan(A, Bm)
 
 
 def matrix_scan(M, b):
     _check(M, b.unsqueeze(-1))
-    return torch.ops.mingru.matrix_scan(M, b)
+    return _matrix_scan(M, b)
 
 
 def matrix_recurrence(A, X, h0=None):
     _check(A, X)
-    return torch.ops.mingru.matrix_recurrence(A, X, h0)
+    return _matrix_recurrence(A, X, h0)

@@ -13,12 +13,14 @@ A step's loads do not depend on the state, so Triton's software pipeliner prefet
 STAGES - 1 steps ahead (cp.async into shared memory, for 32- and 64-bit inputs) while the serial
 chain of rotations runs; that chain, not bandwidth, bounds the walk.
 """
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
-from mingru.kernels.common import KERNEL_DTYPES, require
+from mingru.kernels.common import KERNEL_DTYPES, require, scan_op
 
 BLOCK_KS = (2, 4, 8, 16)
 MAX_LAYERS = 16
@@ -244,16 +246,13 @@ def _launch_bwd(g, angles, decay, h0, h, config=None):
     return dangles, ddecay, du, dh0
 
 
-@triton_op("mingru::rotation_recurrence", mutates_args=())
-def _rotation_op(angles: torch.Tensor, decay: torch.Tensor, u: torch.Tensor,
-                 h0: torch.Tensor | None) -> torch.Tensor:
+def _rotation_fwd(angles: torch.Tensor, decay: torch.Tensor, u: torch.Tensor,
+                  h0: Optional[torch.Tensor]) -> torch.Tensor:
     return _launch_fwd(angles, decay, u, h0)
 
 
-@triton_op("mingru::rotation_recurrence_backward", mutates_args=())
-def _rotation_backward_op(g: torch.Tensor, angles: torch.Tensor, decay: torch.Tensor,
-                          h0: torch.Tensor | None, h: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _rotation_bwd(g: torch.Tensor, angles: torch.Tensor, decay: torch.Tensor, h0: Optional[torch.Tensor],
+                  h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _launch_bwd(g, angles, decay, h0, h)
 
 
@@ -263,13 +262,13 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(angles, decay, h0, output)  # u is not needed: du = lam
 
 
-def _backward(ctx, g):
+def _grad(ctx, backward, g):
     angles, decay, h0, h = ctx.saved_tensors
-    dangles, ddecay, du, dh0 = torch.ops.mingru.rotation_recurrence_backward(g, angles, decay, h0, h)
+    dangles, ddecay, du, dh0 = backward(g, angles, decay, h0, h)
     return dangles, ddecay, du, dh0 if ctx.has_h0 else None
 
 
-torch.library.register_autograd("mingru::rotation_recurrence", _backward, setup_context=_setup_context)
+_rotation_recurrence = scan_op("rotation_recurrence", _rotation_fwd, _rotation_bwd, _setup_context, _grad)
 
 
 def rotation_recurrence(angles, decay, u, h0=None):
@@ -282,4 +281,4 @@ def rotation_recurrence(angles, decay, u, h0=None):
     T, N = u.shape[1], u.shape[2]
     span = T * max(N * L * k, *(abs(x.stride(1)) for x in (angles, decay, u)))
     require(span < 2 ** 31, "time offsets would overflow the kernel's 32-bit step arithmetic")
-    return torch.ops.mingru.rotation_recurrence(angles, decay, u, h0)
+    return _rotation_recurrence(angles, decay, u, h0)
