@@ -15,7 +15,7 @@ status=0
 for step in "$@"; do
   limit=${step%%:*} cmd=${step#*:}
   echo "== [$(date +%T)] $cmd (limit ${limit}s)"
-  timeout "$limit" bash -c "$cmd" || { echo "== step failed or timed out: $cmd"; status=1; }
+  timeout -k 10 "$limit" bash -c "$cmd" || { echo "== step failed or timed out: $cmd"; status=1; }
   tar czf "$OUT/results.tgz" results notebooks
 done
 echo "== [$(date +%T)] done"

@@ -1,26 +1,39 @@
-"""Where the host's time goes in one small Triton call (GPU): cProfile of repeated calls, top entries."""
+"""Where the host's time goes on the GPU machine: environment, the wall cost of one tiny torch op,
+and a cProfile of repeated small Triton calls (linear_scan forward, matrix_affine_scan fwd+bwd)."""
 import cProfile
 import os
 import pstats
+import time
 
 import torch
 
 import mingru
 from mingru.bench import cases
 
-os.environ["MINGRU_SCAN"] = "triton"
-for op, dims in [("linear_recurrence", dict(B=128, T=64, D=64)), ("matrix_affine_scan", dict(B=128, T=64, n=8, k=8, v=1))]:
+print({k: v for k, v in os.environ.items() if any(s in k for s in ("CUDA", "TORCH", "TRITON", "PYTHON"))})
+x = torch.randn(128, 64, 64, device="cuda")
+for label, fn in [("torch.add", lambda: x + 1), ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]:
+    os.environ["MINGRU_SCAN"] = "triton"
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(500):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{label}: {(time.perf_counter() - start) / 500 * 1e6:.1f} us per call (wall, back to back)")
+for op, dims, cot in [("linear_scan", dict(B=128, T=64, D=64), False),
+                      ("matrix_affine_scan", dict(B=128, T=64, n=8, k=8, v=1), True)]:
     job = cases.make(op, dims, device="cuda").requiring_grad()
-    outs = cases.outputs(job.fn, job.inputs)
-    cot = cases.cotangents_for(outs)
+    cots = cases.cotangents_for(cases.outputs(job.fn, job.inputs)) if cot else None
     for _ in range(20):
-        cases.step(job, cot)
+        cases.step(job, cots)
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(200):
-        cases.step(job, cot)
+        cases.step(job, cots)
     torch.cuda.synchronize()
     prof.disable()
-    print(f"== {op} {dims}: 200 fwd+bwd calls")
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    print(f"== {op} {dims}: 200 {'fwd+bwd' if cot else 'fwd'} calls")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)

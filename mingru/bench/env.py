@@ -29,10 +29,13 @@ def _run(*cmd):
 
 
 def git_state():
-    """(commit, dirty). A copy without .git (the GPU machine gets one) reads MINGRU_COMMIT instead."""
+    """(commit, dirty). MINGRU_COMMIT, when set, names the commit the working tree was copied from
+    (the GPU machine gets a copy whose .git may be stale or absent); dirty is then unknown (None)."""
+    if os.environ.get("MINGRU_COMMIT"):
+        return os.environ["MINGRU_COMMIT"], None
     commit = _run("git", "rev-parse", "HEAD")
     if commit is None:
-        return os.environ.get("MINGRU_COMMIT", "unknown"), None
+        return "unknown", None
     return commit, bool(_run("git", "status", "--porcelain", "--untracked-files=no"))
 
 

@@ -26,7 +26,9 @@ FLOAT32_GATES = {
 BFLOAT16_GATE = ((1e-2, 1e-2), (5e-2, 5e-2),
                  "bfloat16 keeps 8 significant bits (spacing 2^-8 = 3.9e-3 relative); both paths "
                  "accumulate in float32 and round once, so they may differ by about two units in the "
-                 "last place, and gradients also read bf16-rounded saved outputs")
+                 "last place; gradients are gated normwise (rtol times the tensor's largest entry): "
+                 "they read bf16-rounded saved outputs and sum up to T*v rounded products, so their "
+                 "error follows the size of the terms, not of each entry")
 MIXER_GRAD = ((1e-3, 1e-3), "weight gradients sum B*T terms, so the gradient gate is relative too")
 FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
           "RotationMinGRU[fused]": "rotation", "GivensMinGRU[fused]": "rotation"}
@@ -40,7 +42,7 @@ def gate(name, dtype):
         out, grad, why = FLOAT32_GATES[FAMILY.get(name, "affine")]
         if name in cases.MIXERS:
             grad, why = MIXER_GRAD[0], f"{why}; {MIXER_GRAD[1]}"
-    return {"out": out, "grad": grad, "why": why}
+    return {"out": out, "grad": grad, "grad_normwise": dtype == torch.bfloat16, "why": why}
 
 
 def grid(quick):
@@ -87,7 +89,8 @@ def check(name, dims, dtype, device):
     job = cases.make(name, dims, dtype, device).requiring_grad()
     g = gate(name, dtype)
     row = {"op": name, "dims": cases.label(dims), "T": dims["T"], "dtype": str(dtype).replace("torch.", ""),
-           "out_gate": "{:g}/{:g}".format(*g["out"]), "grad_gate": "{:g}/{:g}".format(*g["grad"])}
+           "out_gate": "{:g}/{:g}".format(*g["out"]),
+           "grad_gate": "{:g}/{:g}".format(*g["grad"]) + (" normwise" if g["grad_normwise"] else "")}
     with scan_impl("eager"):
         want = cases.outputs(job.fn, job.inputs)
         cot = cases.cotangents_for(want)
@@ -104,7 +107,8 @@ def check(name, dims, dtype, device):
             exact = cases.outputs(reference, tuple(None if x is None else x.detach().double()
                                                    for x in job.inputs))
         row.update(triton_vs_f64=cases.max_err(got, exact), eager_vs_f64=cases.max_err(want, exact))
-    row["pass"] = (cases.within(got, want, *g["out"]) and cases.within(got_grads, want_grads, *g["grad"]))
+    row["pass"] = (cases.within(got, want, *g["out"])
+                   and cases.within(got_grads, want_grads, *g["grad"], normwise=g["grad_normwise"]))
     row["status"] = "ok"
     return row
 

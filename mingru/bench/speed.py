@@ -55,7 +55,8 @@ def competitor(job, fn, cot, want, g, mode, device, reps, gpu_time=False):
         with scan_impl(mode):
             got = cases.forward(job, fn) if cot is None else cases.forward_backward(job, cot, fn)
             err = max(cases.max_err(got[0], want[0]), cases.max_err(got[1], want[1]))
-            if not (cases.within(got[0], want[0], *g["out"]) and cases.within(got[1], want[1], *g["grad"])):
+            if not (cases.within(got[0], want[0], *g["out"])
+                    and cases.within(got[1], want[1], *g["grad"], normwise=g["grad_normwise"])):
                 return (None, None), err, f"wrong: max abs error {err:.2e} vs eager"
             grads = job.leaves if cot is not None else ()
             step = lambda: cases.step(job, cot, fn)  # noqa: E731

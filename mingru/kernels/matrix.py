@@ -459,7 +459,7 @@ def _rows(n_rows, B, n, R, C, like):
 def _consts(k, v, lay, f64):
     dot = k >= 16 and not f64
     return dict(K=k, V=v, BN=lay.block_n, UNROLL=lay.unroll, STAGES=lay.stages, F64=f64,
-                DOT_P=dot, DOT_H=dot and v >= 16, PREC=dot_precision(), num_warps=lay.num_warps)
+                DOT_P=dot, DOT_H=dot and v >= 16, PREC=dot_precision() if dot else "ieee", num_warps=lay.num_warps)
 
 
 def _forward(A, X, h0, H, P):
