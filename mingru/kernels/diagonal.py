@@ -305,7 +305,10 @@ def plan(B, T, D, device, direction="forward", mode=SCAN):
     404 us. The log scan gained 2x from prefetching the next tile (456 vs 894 us).
     `forced_layout` lets tests force small tiles and splits.
     """
-    return _plan(B, T, D, _sm_count(device), TILES[direction, mode.value], _forced["chunk"], _forced["segments"])
+    # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which the cache
+    # cannot hash; the layout is chosen per concrete shape anyway.
+    return _plan(int(B), int(T), int(D), _sm_count(device), TILES[direction, mode.value], _forced["chunk"],
+                 _forced["segments"])
 
 
 @functools.lru_cache(maxsize=None)

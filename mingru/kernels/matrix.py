@@ -398,7 +398,7 @@ def plan(lanes, T, k, width, device):
     host time there, so at B128-T64 the ops measure 115-135 whole and 250-470 split.
     """
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return _plan(lanes, T, k, width, sms)._replace(**_forced)
+    return _plan(int(lanes), int(T), int(k), int(width), sms)._replace(**_forced)  # int(): SymInts do not hash
 
 
 @functools.lru_cache(maxsize=1024)
