@@ -1,5 +1,6 @@
-"""Where the host's time goes on the GPU machine: environment, the wall cost of one tiny torch op,
-and a cProfile of repeated small Triton calls (linear_scan forward, matrix_affine_scan fwd+bwd)."""
+"""Where the host's time goes on the GPU machine: environment, the wall cost of a tiny torch op, an
+allocation, a bare Triton launch and one of our calls, and a cProfile of repeated small Triton
+calls (linear_scan forward, matrix_affine_scan fwd+bwd). Run it on the device: python3 tools/profile_host.py"""
 import cProfile
 import os
 import pstats
@@ -10,9 +11,22 @@ import torch
 import mingru
 from mingru.bench import cases
 
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
 print({k: v for k, v in os.environ.items() if any(s in k for s in ("CUDA", "TORCH", "TRITON", "PYTHON"))})
 x = torch.randn(128, 64, 64, device="cuda")
-for label, fn in [("torch.add", lambda: x + 1), ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]:
+y = torch.empty_like(x)
+for label, fn in [("torch.add", lambda: x + 1), ("torch.empty_like", lambda: torch.empty_like(x)),
+                  ("bare triton launch", lambda: _add_one[(x.numel() // 1024,)](y, y.numel(), BLOCK=1024)),
+                  ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]:
     os.environ["MINGRU_SCAN"] = "triton"
     for _ in range(50):
         fn()
