@@ -24,18 +24,27 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
 print({k: v for k, v in os.environ.items() if any(s in k for s in ("CUDA", "TORCH", "TRITON", "PYTHON"))})
 x = torch.randn(128, 64, 64, device="cuda")
 y = torch.empty_like(x)
-for label, fn in [("torch.add", lambda: x + 1), ("torch.empty_like", lambda: torch.empty_like(x)),
-                  ("bare triton launch", lambda: _add_one[(x.numel() // 1024,)](y, y.numel(), BLOCK=1024)),
-                  ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]:
-    os.environ["MINGRU_SCAN"] = "triton"
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(500):
-        fn()
-    torch.cuda.synchronize()
-    print(f"{label}: {(time.perf_counter() - start) / 500 * 1e6:.1f} us per call (wall, back to back)")
+os.environ["MINGRU_SCAN"] = "triton"
+CALLS = [("torch.add", lambda: x + 1), ("torch.empty_like", lambda: torch.empty_like(x)),
+         ("bare triton launch", lambda: _add_one[(x.numel() // 1024,)](y, y.numel(), BLOCK=1024)),
+         ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]
+
+
+def per_call(when):
+    for label, fn in CALLS:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(500):
+            fn()
+        torch.cuda.synchronize()
+        print(f"{when}: {label}: {(time.perf_counter() - start) / 500 * 1e6:.1f} us per call (wall, back to back)")
+
+
+per_call("fresh process")
+torch.compile(lambda t: t.cumsum(1) * 2)(x)  # the speed harness runs inductor before our calls
+per_call("after one torch.compile")
 for op, dims, cot in [("linear_scan", dict(B=128, T=64, D=64), False),
                       ("matrix_affine_scan", dict(B=128, T=64, n=8, k=8, v=1), True)]:
     job = cases.make(op, dims, device="cuda").requiring_grad()
