@@ -206,12 +206,39 @@ def peers_time(data):
     return fig
 
 
+def layout_sweeps(data):
+    """Left: time against T at B = 1 per layout (log-log; the slope is the cost of a step).
+    Right: bandwidth against B at fixed T, with the copy bandwidth of the same run."""
+    key = data["meta"].get("clock", "us")
+    rows = _ok(data["rows"], key)
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for i, name in enumerate(dict.fromkeys(r["layout"] for r in rows)):
+        length = [r for r in rows if r["sweep"] == "length" and r["layout"] == name]
+        width = [r for r in rows if r["sweep"] == "width" and r["layout"] == name]
+        left.loglog([r["T"] for r in length], [r[key] for r in length], "o-", color=f"C{i}", label=name)
+        gbps = "gpu_gbps" if key == "gpu_us" else "gbps"
+        right.semilogx([r["B"] for r in width], [r[gbps] for r in width], "o-", color=f"C{i}", label=name)
+    if data["env"].get("copy_gbps") and not data["env"].get("smoke"):
+        right.axhline(data["env"]["copy_gbps"], color="k", ls=":", label="device copy bandwidth")
+    clock = "GPU time" if key == "gpu_us" else "wall time"
+    D = rows[0]["D"] if rows else "?"
+    left.set(xlabel=f"sequence length T (B = 1, D = {D})", ylabel=f"forward {clock} (µs)", title="latency regime")
+    width_T = next((r["T"] for r in rows if r["sweep"] == "width"), "?")
+    right.set(xlabel=f"batch B (T = {width_T}, D = {D})", ylabel=f"achieved GB/s ({clock})", title="width sweep")
+    _legend(left, fontsize=8)
+    _legend(right, fontsize=8)
+    fig.suptitle(f"linear_scan forward by layout, {_where(data)}")
+    return fig
+
+
 FIGURES = {
     "scan_bench": {"speedup": speedup},
     "roofline": {"bandwidth": bandwidth, "bandwidth_gpu": bandwidth_gpu, "time": time_vs_T},
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
     "peers": {"time": peers_time},
+    "kernel_layout": {"sweeps": layout_sweeps},
 }
 
 

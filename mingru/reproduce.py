@@ -20,7 +20,7 @@ RESULTS = ROOT / "results"
 # chapter -> (notebook name, measuring steps as `python -m` argument lists, what only a GPU gives)
 CHAPTERS = {
     "01": ("01_monoid", [], None),
-    "02": ("02_kernel_layout", [], "the compiled kernels' per-step latency and layout sweep"),
+    "02": ("02_kernel_layout", [["mingru.bench", "layout"]], "the compiled kernels' per-step latency and layout sweep"),
     "03": ("03_tf32_ieee_guard", [["mingru.precision"]], "TF32 vs IEEE errors (the interpreter ignores "
            "input_precision)"),
     "04": ("04_speedups", [["mingru.bench", "speed"], ["mingru.bench", "roofline"], ["mingru.bench", "peers"]],

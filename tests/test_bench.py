@@ -7,7 +7,7 @@ import torch
 
 import mingru
 from mingru import plots
-from mingru.bench import HARNESSES, cases, main, parity, peers, report, speed
+from mingru.bench import HARNESSES, cases, layout, main, parity, peers, report, speed
 from mingru.bench.timing import scan_impl
 
 ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "git_commit", "git_dirty", "date",
@@ -15,7 +15,7 @@ ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "git_commit", 
 STATUS_PREFIXES = ("ok", "fallback:", "failed:", "wrong:", "skipped:", "not installed", "import failed:",
                    "compile ", "triton ")
 NAMES = {"speed": "scan_bench", "roofline": "roofline", "memory": "scan_memory",
-         "parity": "scan_parity", "peers": "peers"}
+         "parity": "scan_parity", "peers": "peers", "layout": "kernel_layout"}
 interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU path")
 
 
@@ -79,7 +79,24 @@ def _peers(data):
     assert all(r["status"] != "ok" or r["us"] > 0 for r in data["rows"])
 
 
-CHECKS = {"speed": _speed, "roofline": _roofline, "memory": _memory, "parity": _parity, "peers": _peers}
+def _layout(data):
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert {r["layout"] for r in ok} == set(layout.LAYOUTS)
+    walk = [r for r in ok if r["layout"].startswith("sequential")]
+    assert walk and all(r["chunk"] == 1 and r["segments"] == 1 for r in walk)
+    assert set(data["meta"]["slopes"]) == set(layout.LAYOUTS)
+    for row in ok:
+        assert row["gbps"] == pytest.approx(4 * row["B"] * row["T"] * row["D"] * 4 / 1e9 / (row["us"] * 1e-6))
+
+
+def test_layout_slope_is_the_cost_of_one_more_step():
+    rows = [{"T": T, "us": 5.0 + 0.25 * T} for T in (16, 64, 256)]
+    assert layout.slope(rows, "us") == pytest.approx(0.25)
+    assert layout.slope(rows[:1], "us") is None
+
+
+CHECKS = {"speed": _speed, "roofline": _roofline, "memory": _memory, "parity": _parity, "peers": _peers,
+          "layout": _layout}
 
 
 def test_full_parity_grid_covers_the_envelope():

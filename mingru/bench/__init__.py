@@ -1,4 +1,4 @@
-"""Benchmark harnesses: `python -m mingru.bench {all|speed,roofline,memory,parity,peers} [--quick]`.
+"""Benchmark harnesses: `python -m mingru.bench {all|speed,roofline,memory,parity,peers,layout} [--quick]`.
 
 Each writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its figures
 under <out>/figures; every run also writes <out>/env.json. Without --quick it needs a CUDA GPU;
@@ -12,7 +12,7 @@ import importlib
 import itertools
 from pathlib import Path
 
-HARNESSES = ("speed", "roofline", "memory", "parity", "peers")
+HARNESSES = ("speed", "roofline", "memory", "parity", "peers", "layout")
 
 
 def run(which, quick=False, out="results", only=None, shard=None):

@@ -9,6 +9,7 @@ TITLES = {
     "scan_memory": "Peak memory of the mixers' forward + backward",
     "scan_parity": "Parity of every kernel with the eager reference",
     "peers": "Diagonal recurrences against peer libraries",
+    "kernel_layout": "linear_scan forward by kernel layout",
 }
 
 
