@@ -121,6 +121,23 @@ def test_parity_row_fails_when_the_kernel_is_wrong(monkeypatch):
     assert row["status"] == "ok" and row["pass"] is False and row["out_err"] == pytest.approx(1e-4, rel=0.05)
 
 
+def test_within_reads_none_as_a_zero_gradient():
+    zero, one = torch.zeros(3), torch.ones(3)
+    assert cases.within((None,), (zero,), 0, 0) and cases.within((zero,), (None,), 0, 0)
+    assert not cases.within((None,), (one,), 1e-3, 0) and not cases.within((one,), (None,), 1e-3, 0)
+    assert not cases.within((torch.tensor([float("nan")]),), (zero[:1],), 1, 1)
+
+
+def test_normwise_gate_scales_with_the_largest_entry_only_when_asked():
+    want = torch.tensor([100.0, 0.01])
+    got = want + torch.tensor([0.0, 0.5])  # small entry off by 0.5: 0.5% of the tensor's scale
+    assert not cases.within((got,), (want,), 0.05, 0.05)
+    assert cases.within((got,), (want,), 0.05, 0.05, normwise=True)
+    assert not cases.within((want + 6,), (want,), 0.05, 0.05, normwise=True)
+    assert parity.gate("linear_scan", torch.bfloat16)["grad_normwise"]
+    assert not parity.gate("linear_scan", torch.float32)["grad_normwise"]
+
+
 def test_speed_reports_a_compile_failure_and_a_wrong_kernel_as_statuses(monkeypatch):
     def broken_compile(fn, **kwargs):
         def call(*args):
