@@ -42,6 +42,20 @@ def next_pow2(n):
     return triton.next_power_of_2(max(int(n), 1))
 
 
+def states_setup(ctx, inputs, output):
+    """setup_context of a states-only op (A, X, h0) -> h: saves A, h0 and h, and whether h0 was given."""
+    A, _, h0 = inputs
+    ctx.has_h0 = h0 is not None
+    ctx.save_for_backward(A, h0, output)
+
+
+def states_grad(ctx, backward, g):
+    """The grad of a states-only op: backward(A, h0, h, g) -> (dA, dX, dh0); dh0 only for a given h0."""
+    A, h0, h = ctx.saved_tensors
+    dA, dX, dh0 = backward(A, h0, h, torch.zeros_like(h) if g is None else g)
+    return dA, dX, (dh0 if ctx.has_h0 else None)
+
+
 def scan_op(name, forward, backward, setup_context, grad):
     """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
     return the callable the entry points use.

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from mingru.dispatch import interpreting
-from mingru.kernels.common import next_pow2, require, require_dtype, scan_op
+from mingru.kernels.common import next_pow2, require, require_dtype, scan_op, states_grad, states_setup
 from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
@@ -396,20 +396,8 @@ def _linear_recurrence_bwd(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch
     return da, db, dh0
 
 
-def _linear_recurrence_setup(ctx, inputs, output):
-    a, _, h0 = inputs
-    ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(a, h0, output)
-
-
-def _linear_recurrence_grad(ctx, backward, g):
-    a, h0, h = ctx.saved_tensors
-    da, db, dh0 = backward(a, h0, h, _grad(g, h))
-    return da, db, (dh0 if ctx.has_h0 else None)
-
-
 _linear_recurrence = scan_op("linear_recurrence", _linear_recurrence_fwd, _linear_recurrence_bwd,
-                             _linear_recurrence_setup, _linear_recurrence_grad)
+                             states_setup, states_grad)
 
 
 # ---- parallel_scan_log --------------------------------------------------------------------

@@ -24,7 +24,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback, interpreting
-from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision, scan_op
+from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision, scan_op, states_grad, states_setup
 
 # PMODE, how the k x k block of the forward walk behaves:
 NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
@@ -573,7 +573,7 @@ def _matrix_recurrence_fwd(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.
     return h
 
 
-def _matrix_recurrence_bwd(A: torch.Tensor, h: torch.Tensor, h0: Optional[torch.Tensor],
+def _matrix_recurrence_bwd(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
                            g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     A = _dense(A)
     dA, dX = A.new_empty(A.shape), A.new_empty(h.shape)
@@ -583,20 +583,8 @@ def _matrix_recurrence_bwd(A: torch.Tensor, h: torch.Tensor, h0: Optional[torch.
     return dA, dX, dh0
 
 
-def _recurrence_setup(ctx, inputs, output):
-    A, _, h0 = inputs
-    ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(A, output, h0)
-
-
-def _recurrence_grad(ctx, backward, g):
-    A, h, h0 = ctx.saved_tensors
-    dA, dX, dh0 = backward(A, h, h0, _grad(g, h))
-    return dA, dX, (dh0 if ctx.has_h0 else None)
-
-
 _matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matrix_recurrence_bwd,
-                             _recurrence_setup, _recurrence_grad)
+                             states_setup, states_grad)
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
