@@ -112,3 +112,13 @@ def test_eager_fast_path_matches_the_registered_op(name, triton_mode, device):
         results.append(outs + grads)
     for fast, registered in zip(*results):
         torch.testing.assert_close(fast, registered, rtol=0, atol=0)
+
+
+def test_tracers_see_the_registered_op(triton_mode, device):
+    """Under a tracer (make_fx here; dynamo, export and fake tensors alike) the entry point must call
+    the registered op, whose launches go through wrap_triton, never the eager path's raw launches."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    dispatch.triton_impl("linear_scan")
+    a, b = torch.rand(2, 5, 3, device=device), torch.randn(2, 5, 3, device=device)
+    graph = make_fx(lambda a, b: mingru.linear_scan(a, b))(a, b)
+    assert "mingru.linear_scan" in graph.code

@@ -5,6 +5,11 @@ import torch
 import triton
 from torch.library import triton_op
 
+try:  # the switch triton_op's own eager implementation uses; private, so tolerate its absence
+    from torch._library.triton import set_wrap_triton_enabled as _wrap_triton_enabled
+except ImportError:  # pragma: no cover - older torch: launches go through the (slower) wrapper
+    _wrap_triton_enabled = lambda enabled: contextlib.nullcontext()  # noqa: E731
+
 from mingru.dispatch import ScanFallback
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -64,8 +69,9 @@ def scan_op(name, forward, backward, setup_context, grad):
     grad(ctx, backward, *cotangents) follow torch.library.register_autograd. Under torch.compile
     the callable is the registered triton_op, which the compiler traces without a graph break. In
     eager it is an autograd.Function over the same launchers: the custom-op dispatcher costs tens
-    of microseconds of host time per call, which at the seed's small shapes is longer than the
-    kernel itself (see notebooks/04_speedups).
+    of microseconds of host time per call, and wrap_triton's launch path (which the launchers use
+    so that tracers see the kernels) hundreds more on the H200 host; both are longer than the
+    kernel itself at the seed's small shapes (see notebooks/04_speedups).
     """
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
@@ -74,13 +80,22 @@ def scan_op(name, forward, backward, setup_context, grad):
     torch.library.register_autograd(f"mingru::{name}", lambda ctx, *g: grad(ctx, registered_backward, *g),
                                     setup_context=setup_context)
     def direct_forward(ctx, *inputs):  # the ctx-first form: apply() then skips binding by signature
-        output = forward(*inputs)
+        with _wrap_triton_enabled(False):
+            output = forward(*inputs)
         setup_context(ctx, inputs, output)
         return output
 
+    def direct_backward(ctx, *g):
+        with _wrap_triton_enabled(False):
+            return grad(ctx, backward, *g)
+
     direct = type(name, (torch.autograd.Function,), {
-        "forward": staticmethod(direct_forward), "backward": staticmethod(lambda ctx, *g: grad(ctx, backward, *g))})
+        "forward": staticmethod(direct_forward), "backward": staticmethod(direct_backward)})
 
     def call(*inputs):
-        return registered(*inputs) if torch.compiler.is_compiling() else direct.apply(*inputs)
+        # Any tracer (dynamo, make_fx, export, fake tensors) sees the registered op; plain eager
+        # launches the kernels directly, without wrap_triton's per-launch tracing machinery.
+        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+            return registered(*inputs)
+        return direct.apply(*inputs)
     return call

@@ -311,11 +311,6 @@ def plan(B, T, D, device, direction="forward", mode=SCAN):
                  _forced["segments"])
 
 
-@functools.lru_cache(maxsize=None)
-def _wrapped(kernel):
-    return wrap_triton(kernel)
-
-
 def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
     """Run `kernel` over the layout: the aggregate pass first when time is split."""
     B, T, D = x.shape
@@ -323,7 +318,7 @@ def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
     agg = x
     common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
                   BLOCK_D=lay.block_d, num_warps=lay.warps, num_stages=lay.stages, **extra)
-    run = _wrapped(kernel)[grid]
+    run = wrap_triton(kernel)[grid]  # not cached: what it returns depends on the caller's mode
     if lay.segments > 1:
         agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if common["F64"] else torch.float32,
                           device=x.device)
