@@ -110,8 +110,9 @@ def bandwidth(data):
 
 
 def bandwidth_gpu(data):
-    """The same, from CUDA-graph replay: the GPU's own time, without the host's per-call cost."""
-    return _roofline_grid(data, "graph_gbps", "achieved GB/s, CUDA graph (minimum bytes)",
+    """The same, from the kernels' durations in a profiler trace: the GPU's own time, without the
+    host's per-call cost."""
+    return _roofline_grid(data, "gpu_gbps", "achieved GB/s, GPU time (minimum bytes)",
                           "Triton bandwidth vs T, GPU time only", True)
 
 

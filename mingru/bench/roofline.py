@@ -8,7 +8,7 @@ import torch
 
 from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, failure, gate
-from mingru.bench.timing import Progress, graph_us, median_us, scan_impl
+from mingru.bench.timing import Progress, kernel_us, median_us, scan_impl
 
 NAME, SUBJECT = "roofline", "op"
 NAMED = ((16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024), (128, 64, 64), (16, 1024, 64))
@@ -57,13 +57,13 @@ def point(op, B, T, D, direction, device, copy_gbps, quick):
         got = want = None  # free both before timing
         with scan_impl("triton"):
             us = median_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), 1 if quick else 3)
-            gus = graph_us(lambda: cases.step(run, cot), device, run.leaves if cot else ())
+            gus = kernel_us(lambda: cases.step(run, cot), device, run.leaves if cot else ())
     except Exception as exc:  # noqa: BLE001  (a declined or crashed kernel becomes a row)
         return {**row, "us": None, "status": failure(exc)}
     gbps = row["bytes"] / us / 1e3
-    graph_gbps = row["bytes"] / gus / 1e3 if gus else None
-    return {**row, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "graph_us": gus,
-            "graph_gbps": graph_gbps, "graph_pct_copy": graph_gbps and 100 * graph_gbps / copy_gbps,
+    gpu_gbps = row["bytes"] / gus / 1e3 if gus else None
+    return {**row, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "gpu_us": gus,
+            "gpu_gbps": gpu_gbps, "gpu_pct_copy": gpu_gbps and 100 * gpu_gbps / copy_gbps,
             "status": status}
 
 
@@ -86,8 +86,8 @@ def summarize(rows, env):
         "copy_gbps": env["copy_gbps"],
         "bytes_method": "fwd: inputs read once + outputs written once; fwd+bwd adds cotangents "
                         "read + inputs read + input gradients written once (3 in + 2 out), float32",
-        "columns": ["op", "B", "T", "D", "direction", "us", "gbps", "pct_copy", "graph_us", "graph_gbps",
-                    "graph_pct_copy", "status"],
+        "columns": ["op", "B", "T", "D", "direction", "us", "gbps", "pct_copy", "gpu_us", "gpu_gbps",
+                    "gpu_pct_copy", "status"],
         "notes": [f"copy bandwidth measured in this run: {env['copy_gbps']:.0f} GB/s "
                   f"({env['copy_method']})",
                   "bytes: fwd = inputs + outputs; fwd+bwd = 3 x inputs + 2 x outputs (the minimum "

@@ -42,29 +42,14 @@ def median_us(fn, device, grad_to_none=(), reps=3):
     return times[len(times) // 2] * 1e6
 
 
-def graph_us(fn, device, grad_to_none=()):
-    """GPU time of one `fn()` in microseconds, host overhead removed: calls replayed from a CUDA graph.
-
-    Inputs stay in L2 between replays (no flush), so small shapes read from cache. None on the CPU
-    or when the call cannot be captured.
-    """
-    if torch.device(device).type != "cuda":
-        return None
-    from triton.testing import do_bench_cudagraph
-    try:
-        return do_bench_cudagraph(fn, grad_to_none=list(grad_to_none) or None, return_mode="median") * 1e3
-    except Exception:  # noqa: BLE001  (a capture failure leaves the wall-clock time as the only number)
-        torch.cuda.synchronize()
-        return None
-
-
 def kernel_us(fn, device, grad_to_none=(), reps=20):
     """GPU time of one `fn()` in microseconds without the host: the durations of the kernels (and
     memsets, copies) it launches, summed per call from torch.profiler's CUDA trace and averaged
     over `reps` calls after a warm-up call. Inputs stay warm in L2 between calls.
 
-    Nothing is captured, so unlike a CUDA-graph replay it works for any call, autograd backward
-    included. None on the CPU or when the trace holds no GPU activity.
+    Nothing is captured (a failed CUDA-graph capture of an autograd backward once left the CUDA RNG
+    broken for the rest of the process), so it works for any call. None on the CPU or when the trace
+    holds no GPU activity.
     """
     if torch.device(device).type != "cuda":
         return None
