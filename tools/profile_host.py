@@ -60,3 +60,38 @@ for op, dims, cot in [("linear_scan", dict(B=128, T=64, D=64), False),
     prof.disable()
     print(f"== {op} {dims}: 200 {'fwd+bwd' if cot else 'fwd'} calls")
     pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+# fwd+bwd on the host: ours against accelerated-scan's Triton scan (one autograd.Function, one
+# kernel each way), with torch.profiler recording every thread (autograd runs the backward of CUDA
+# tensors on its own device thread, which cProfile does not see).
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+try:
+    from accelerated_scan.scalar import scan as acc_scan
+except ImportError:
+    acc_scan = None
+g = torch.rand(128, 64, 64, device="cuda") * 0.9 + 0.05
+u = torch.randn(128, 64, 64, device="cuda")
+pairs = [("mingru.linear_recurrence", lambda a, b: mingru.linear_recurrence(a, b), g, u)]
+if acc_scan is not None:
+    pairs.append(("accelerated_scan", acc_scan, g.transpose(1, 2).contiguous(), u.transpose(1, 2).contiguous()))
+for label, fn, a0, b0 in pairs:
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    cot = torch.randn_like(b0)
+
+    def fwd_bwd():
+        a.grad = b.grad = None
+        fn(a, b).backward(cot)
+    for _ in range(50):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(300):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    print(f"== {label}: fwd+bwd {(time.perf_counter() - start) / 300 * 1e6:.1f} us per call (wall, back to back)")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(50):
+            fwd_bwd()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
