@@ -122,3 +122,19 @@ def test_tracers_see_the_registered_op(triton_mode, device):
     a, b = torch.rand(2, 5, 3, device=device), torch.randn(2, 5, 3, device=device)
     graph = make_fx(lambda a, b: mingru.linear_scan(a, b))(a, b)
     assert "mingru.linear_scan" in graph.code
+
+
+def test_eager_calls_launch_without_the_tracing_wrapper(triton_mode, device, monkeypatch):
+    """wrap_triton's traced launch path costs hundreds of microseconds of host time per call (measured
+    on the H200 host with tools/profile_host.py); eager calls must reach the launchers with it off,
+    as triton_op's own eager implementation does (tracers: test_tracers_see_the_registered_op)."""
+    from torch._library.triton import is_wrap_triton_enabled
+    from mingru.kernels import diagonal
+    dispatch.triton_impl("linear_scan")
+    seen = []
+    real = diagonal.wrap_triton
+    monkeypatch.setattr(diagonal, "wrap_triton", lambda k: seen.append(is_wrap_triton_enabled()) or real(k))
+    a, b = (torch.rand(2, 5, 3, device=device, requires_grad=True) for _ in range(2))
+    A, Bc = mingru.linear_scan(a, b)
+    (A + Bc).sum().backward()
+    assert seen == [False, False]  # forward and backward launches
