@@ -71,7 +71,8 @@ def scan_op(name, forward, backward, setup_context, grad):
     eager it is an autograd.Function over the same launchers: the custom-op dispatcher costs tens
     of microseconds of host time per call, and wrap_triton's launch path (which the launchers use
     so that tracers see the kernels) hundreds more on the H200 host; both are longer than the
-    kernel itself at the seed's small shapes (see notebooks/04_speedups).
+    kernel itself at the seed's small shapes (see notebooks/04_speedups). Inference calls (no input
+    requires grad, or grad mode off) skip the autograd.Function as well.
     """
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
@@ -97,5 +98,8 @@ def scan_op(name, forward, backward, setup_context, grad):
         # launches the kernels directly, without wrap_triton's per-launch tracing machinery.
         if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
             return registered(*inputs)
-        return direct.apply(*inputs)
+        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+            return direct.apply(*inputs)
+        with _wrap_triton_enabled(False):  # inference: no graph to record, so no autograd.Function
+            return forward(*inputs)
     return call
