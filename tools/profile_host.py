@@ -30,16 +30,21 @@ CALLS = [("torch.add", lambda: x + 1), ("torch.empty_like", lambda: torch.empty_
          ("linear_scan (triton)", lambda: mingru.linear_scan(x, x))]
 
 
+def wall_us(fn, calls=500):
+    """Wall time per call of `fn` run back to back, after a warm-up."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def per_call(when):
     for label, fn in CALLS:
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(500):
-            fn()
-        torch.cuda.synchronize()
-        print(f"{when}: {label}: {(time.perf_counter() - start) / 500 * 1e6:.1f} us per call (wall, back to back)")
+        print(f"{when}: {label}: {wall_us(fn):.1f} us per call (wall, back to back)")
 
 
 per_call("fresh process")
@@ -82,14 +87,7 @@ for label, fn, a0, b0 in pairs:
     def fwd_bwd():
         a.grad = b.grad = None
         fn(a, b).backward(cot)
-    for _ in range(50):
-        fwd_bwd()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(300):
-        fwd_bwd()
-    torch.cuda.synchronize()
-    print(f"== {label}: fwd+bwd {(time.perf_counter() - start) / 300 * 1e6:.1f} us per call (wall, back to back)")
+    print(f"== {label}: fwd+bwd {wall_us(fwd_bwd, 300):.1f} us per call (wall, back to back)")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(50):
             fwd_bwd()
