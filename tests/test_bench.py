@@ -200,7 +200,8 @@ def test_only_merges_into_an_existing_result(tmp_path):
     assert {r["competitor"] for r in first["rows"]} == {"mingru.linear_recurrence"}
     main(["peers", "--quick", "--out", str(tmp_path), "--only", "accelerated"])
     merged = json.loads((tmp_path / "peers.json").read_text())
-    assert {r["competitor"] for r in merged["rows"]} == {"mingru.linear_recurrence", "accelerated_scan"}
+    assert {r["competitor"] for r in merged["rows"]} == {"mingru.linear_recurrence", "accelerated_scan",
+                                                         "accelerated_scan (B,T,D)"}
     assert merged["meta"]["merged_from"] == [first["env"]["date"]]
 
 

@@ -61,6 +61,10 @@ def competitors():
         "fla.chunk_hgrn": (_hgrn(chunk), lambda g, x, h0: (x, g, h0), ("x", "g", "h0"), fla_ref, why_fla),
         "accelerated_scan": (scan, lambda g, x, h0: (bdt(g.exp()), bdt(x)), ("gates", "tokens"),
                              lambda f, i: bdt(scans.linear_recurrence(bdt(f), bdt(i))), why_acc),
+        # what a caller holding (B, T, D) tensors, like our mixers, pays: the transposes in and out
+        "accelerated_scan (B,T,D)": (scan and (lambda f, i: bdt(scan(bdt(f), bdt(i)))),
+                                     lambda g, x, h0: (g.exp(), x), ("gates", "tokens"),
+                                     scans.linear_recurrence, why_acc),
     }
 
 
