@@ -2,7 +2,6 @@
 import contextlib
 
 import torch
-import triton
 from torch.library import triton_op
 
 try:  # the switch triton_op's own eager implementation uses; private, so tolerate its absence
@@ -43,8 +42,21 @@ def require_dtype(x):
     require(x.dtype in KERNEL_DTYPES, f"dtype {x.dtype} is outside the kernel envelope")
 
 
+# Plain Python on purpose: triton.cdiv and triton.next_power_of_2 are JIT-aware functions, slow
+# enough per call to show in the host time of a launch.
+def cdiv(a, b):
+    return -(-a // b)
+
+
 def next_pow2(n):
-    return triton.next_power_of_2(max(int(n), 1))
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def cotangent(g, like):
+    """The cotangent of output `like` as the backward launchers take it: autograd passes None for
+    an unused output, which is zeros. (The launchers make every cotangent contiguous themselves.)"""
+    return torch.zeros_like(like) if g is None else g
 
 
 def states_setup(ctx, inputs, output):
@@ -57,7 +69,7 @@ def states_setup(ctx, inputs, output):
 def states_grad(ctx, backward, g):
     """The grad of a states-only op: backward(A, h0, h, g) -> (dA, dX, dh0); dh0 only for a given h0."""
     A, h0, h = ctx.saved_tensors
-    dA, dX, dh0 = backward(A, h0, h, torch.zeros_like(h) if g is None else g)
+    dA, dX, dh0 = backward(A, h0, h, cotangent(g, h))
     return dA, dX, (dh0 if ctx.has_h0 else None)
 
 

@@ -25,7 +25,8 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from mingru.dispatch import interpreting
-from mingru.kernels.common import next_pow2, require, require_dtype, scan_op, states_grad, states_setup
+from mingru.kernels.common import (cdiv, cotangent, next_pow2, require, require_dtype, scan_op, states_grad,
+                                  states_setup)
 from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
@@ -282,14 +283,14 @@ def _plan(B, T, D, sms, tiles, forced_chunk, forced_segments):
     chunk, block_d, warps, stages, prefetch = tiles
     chunk = forced_chunk or min(chunk, next_pow2(T))
     block_d = min(block_d, next_pow2(D))
-    lanes = B * -(-D // block_d)
+    lanes = B * cdiv(D, block_d)
     segments = forced_segments
     if not segments:
         want = PROGRAMS_PER_SM * sms
         split = lanes < SPLIT_BELOW_PER_SM * sms
-        segments = max(1, min(-(-want // lanes), T // (MIN_SEGMENT_TILES * chunk))) if split else 1
-    seg_len = -(-(-(-T // segments)) // chunk) * chunk
-    return Layout(chunk, block_d, warps, -(-T // seg_len), seg_len, stages, prefetch)
+        segments = max(1, min(cdiv(want, lanes), T // (MIN_SEGMENT_TILES * chunk))) if split else 1
+    seg_len = cdiv(cdiv(T, segments), chunk) * chunk
+    return Layout(chunk, block_d, warps, cdiv(T, seg_len), seg_len, stages, prefetch)
 
 
 def plan(B, T, D, device, direction="forward", mode=SCAN):
@@ -314,7 +315,7 @@ def plan(B, T, D, device, direction="forward", mode=SCAN):
 def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
     """Run `kernel` over the layout: the aggregate pass first when time is split."""
     B, T, D = x.shape
-    grid = (-(-D // lay.block_d), B, lay.segments)
+    grid = (cdiv(D, lay.block_d), B, lay.segments)
     agg = x
     common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
                   BLOCK_D=lay.block_d, num_warps=lay.warps, num_stages=lay.stages, **extra)
@@ -336,10 +337,6 @@ def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
     lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device, "backward", mode)
     tensors = (x, y, x if h0 is None else h0, g, ga, out_h, out_a, dx, dy, dh0)
     _launch(_backward_kernel, mode, x, lay, tensors, h0 is not None, 3 if mode is SCAN else 2)
-
-
-def _grad(g, like):
-    return torch.zeros_like(like) if g is None else g.contiguous()
 
 
 # ---- linear_scan -------------------------------------------------------------------------
@@ -365,7 +362,7 @@ def _linear_scan_setup(ctx, inputs, output):
 
 def _linear_scan_grad(ctx, backward, gA, gB):
     a, A, Bc = ctx.saved_tensors
-    return backward(a, A, Bc, _grad(gA, A), _grad(gB, Bc))
+    return backward(a, A, Bc, cotangent(gA, A), cotangent(gB, Bc))
 
 
 _linear_scan = scan_op("linear_scan", _linear_scan_fwd, _linear_scan_bwd, _linear_scan_setup, _linear_scan_grad)
@@ -418,7 +415,7 @@ def _parallel_scan_log_setup(ctx, inputs, output):
 
 def _parallel_scan_log_grad(ctx, backward, g):
     lc, lv, h = ctx.saved_tensors
-    return backward(lc, lv, h, _grad(g, h))
+    return backward(lc, lv, h, cotangent(g, h))
 
 
 _parallel_scan_log = scan_op("parallel_scan_log", _parallel_scan_log_fwd, _parallel_scan_log_bwd,

@@ -24,7 +24,8 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback, interpreting
-from mingru.kernels.common import BLOCK_SIZES, KERNEL_DTYPES, dot_precision, scan_op, states_grad, states_setup
+from mingru.kernels.common import (BLOCK_SIZES, KERNEL_DTYPES, cdiv, cotangent, dot_precision, next_pow2, scan_op,
+                                  states_grad, states_setup)
 
 # PMODE, how the k x k block of the forward walk behaves:
 NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
@@ -403,27 +404,19 @@ def plan(lanes, T, k, width, device):
 
 @functools.lru_cache(maxsize=1024)
 def _plan(lanes, T, k, width, sms):
-    block_n = max(1, min(128, _pow2_ceil(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    block_n = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
     unroll = 4
     chunk = T
-    blocks = _cdiv(lanes, block_n)
+    blocks = cdiv(lanes, block_n)
     want = PROGRAMS_PER_SM * sms
     if blocks < want and T >= 4 * MIN_CHUNK:
-        n_chunks = min(_cdiv(want, blocks), T // MIN_CHUNK)
-        chunk = _cdiv(_cdiv(T, n_chunks), unroll) * unroll
+        n_chunks = min(cdiv(want, blocks), T // MIN_CHUNK)
+        chunk = cdiv(cdiv(T, n_chunks), unroll) * unroll
     return Plan(block_n, chunk, 4, unroll, 1)
 
 
 def _pow2_floor(n):
     return 1 << (max(int(n), 1).bit_length() - 1)
-
-
-def _pow2_ceil(n):
-    return 1 << (max(int(n), 1) - 1).bit_length()
-
-
-def _cdiv(a, b):
-    return -(-a // b)  # plain Python: triton.cdiv is a JIT-aware function, slow per call
 
 
 # ---- launches -----------------------------------------------------------------------------
@@ -468,7 +461,7 @@ def _forward(A, X, h0, H, P):
     v = X.shape[-1]
     lay = plan(B * n, T, k, v + k, A.device)  # + k: the T-split's first pass carries the product
     const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks, blocks = _cdiv(T, lay.chunk), _cdiv(B * n, lay.block_n)
+    n_chunks, blocks = cdiv(T, lay.chunk), cdiv(B * n, lay.block_n)
     none = (A, 0, 0, 0)
     init = _per_lane(h0) if h0 is not None else (A, 0, 0)
     agg = (none, none)
@@ -490,7 +483,7 @@ def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
     has_p = P is not None
     lay = plan(B * n, T, k, v + k + (k if has_p else 0), A.device)
     const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks, blocks = _cdiv(T, lay.chunk), _cdiv(B * n, lay.block_n)
+    n_chunks, blocks = cdiv(T, lay.chunk), cdiv(B * n, lay.block_n)
     none = (A, 0, 0, 0)
     p_args = (_seq(P), _seq(gP)) if has_p else (none, none)
     agg = (none, none, none)
@@ -506,10 +499,6 @@ def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
                                *(_per_lane(dh0) if h0 is not None else (A, 0, 0)), *agg[0], *agg[1], *agg[2],
                                n, B * n, T, lay.chunk, n_chunks, HAS_P=has_p, HAS_H0=h0 is not None,
                                SPLIT=n_chunks > 1, GRADS=True, **const)
-
-
-def _grad(g, like):
-    return torch.zeros_like(like) if g is None else _dense(g)
 
 
 # ---- matrix_affine_scan, and matrix_scan: its k=2, v=1 instance with b (B,T,n,2) as (B,T,n,2,1) ----
@@ -556,7 +545,7 @@ def _scan_setup(ctx, inputs, output):
 
 def _scan_grad(ctx, backward, gA, gB):
     A, Abar, Bbar = ctx.saved_tensors
-    return backward(A, Abar, Bbar, _grad(gA, Abar), _grad(gB, Bbar))
+    return backward(A, Abar, Bbar, cotangent(gA, Abar), cotangent(gB, Bbar))
 
 
 _matrix_affine_scan = scan_op("matrix_affine_scan", _matrix_affine_scan_fwd, _matrix_affine_scan_bwd,

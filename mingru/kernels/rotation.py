@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.kernels.common import KERNEL_DTYPES, require, scan_op
+from mingru.kernels.common import KERNEL_DTYPES, cdiv, require, scan_op
 
 BLOCK_KS = (2, 4, 8, 16)
 MAX_LAYERS = 16
@@ -225,7 +225,7 @@ def _launch_fwd(angles, decay, u, h0, config=None):
     h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
     block_n, stages, warps = config or _config(L, H, u.element_size(), backward=False)
     s0 = h0.stride() if h0 is not None else (0, 0, 0)
-    wrap_triton(_rotation_fwd_kernel)[(triton.cdiv(B * N, block_n),)](
+    wrap_triton(_rotation_fwd_kernel)[(cdiv(B * N, block_n),)](
         angles, decay, u, h0 if h0 is not None else h, h, B * N, N, T,
         *angles.stride(), *decay.stride(), *u.stride(), *s0,
         HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
@@ -239,7 +239,7 @@ def _launch_bwd(g, angles, decay, h0, h, config=None):
     du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
     block_n, stages, warps = config or _config(L, H, h.element_size(), backward=True)
     s0 = h0.stride() if h0 is not None else (0, 0, 0)
-    wrap_triton(_rotation_bwd_kernel)[(triton.cdiv(B * N, block_n),)](
+    wrap_triton(_rotation_bwd_kernel)[(cdiv(B * N, block_n),)](
         g, angles, decay, h0 if h0 is not None else h, h, dangles, ddecay, du, dh0, B * N, N, T,
         *g.stride(), *angles.stride(), *decay.stride(), *s0, dangles.stride(-1),
         HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
