@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import mingru
-from gradutil import outputs_and_grads
+from gradutil import as_tuple, outputs_and_grads as _run
 from mingru import naive
 
 diagonal = pytest.importorskip("mingru.kernels.diagonal")
@@ -49,18 +49,11 @@ OPS = {
 }
 
 
-_run = outputs_and_grads
-
-
-def _as_tuple(outs):
-    return outs if isinstance(outs, tuple) else (outs,)
-
-
 def _check(name, inputs, tol, layout=(0, 0)):
     """Outputs and gradients (random cotangents on every output) of the kernel vs float64."""
     op, ref = OPS[name]
     with torch.no_grad():
-        shapes = [o.shape for o in _as_tuple(ref(*inputs))]
+        shapes = [o.shape for o in as_tuple(ref(*inputs))]
     g = torch.Generator().manual_seed(1)
     # cotangents rounded to the input dtype, so both sides differentiate against the same values
     cot = [torch.randn(s, generator=g).to(inputs[0].dtype).double().to(inputs[0].device) for s in shapes]

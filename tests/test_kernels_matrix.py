@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mingru
-from gradutil import outputs_and_grads
+from gradutil import as_tuple, outputs_and_grads as _run
 from mingru import naive
 from mingru.dispatch import ScanFallback
 from mingru.kernels.common import BLOCK_SIZES, allow_tf32_dots
@@ -42,19 +42,12 @@ def _inputs(op, B, T, n, k, v, dtype, device, seed=0):
     return [x.to(device=device, dtype=dtype) for x in xs]
 
 
-_run = outputs_and_grads
-
-
-def _as_tuple(outs):
-    return outs if isinstance(outs, tuple) else (outs,)
-
-
 def _check(name, inputs, plan=None):
     """Outputs and gradients (random cotangents on every output, h0 included) vs float64."""
     op, ref = OPS[name]
     dtype = inputs[0].dtype
     with torch.no_grad():
-        shapes = [o.shape for o in _as_tuple(ref(*inputs))]
+        shapes = [o.shape for o in as_tuple(ref(*inputs))]
     g = torch.Generator().manual_seed(1)
     # cotangents rounded to the input dtype, so both sides differentiate against the same values
     cot = [torch.randn(s, generator=g).to(dtype).double().to(inputs[0].device) for s in shapes]

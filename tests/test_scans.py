@@ -4,15 +4,12 @@ import torch
 import torch.nn.functional as F
 
 import mingru
-from gradutil import outputs_and_grads
+from gradutil import outputs_and_grads as _grads
 from mingru import naive, scans
 
 pytestmark = pytest.mark.usefixtures("eager_mode")
 
 TS = [1, 2, 7, 64, 100, 257]
-
-
-_grads = outputs_and_grads
 
 
 def _check(op, ref, inputs, atol, rtol=1e-5):

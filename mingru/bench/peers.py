@@ -4,8 +4,9 @@ flash-linear-attention's HGRN kernels take (x, g) laid out (B, T, D) with a star
 accelerated-scan's Triton scan takes (gates, tokens) laid out (B, D, T) and starts from zero.
 Each competitor gets its own natural inputs, prepared outside the timed region, and is checked
 against a float64 reference before it is timed: the eager scan run in float64 (tests/test_scans.py
-holds it to the float64 sequential loop, which at T = 16384 is that many Python steps and an autograd
-graph as long, too slow to run per competitor and shape within one device call). A missing library is a row, not a gap.
+holds it to the float64 sequential loop, which at T = 16384 is that many Python steps and an
+autograd graph as long, too slow to run per competitor and shape within one device call).
+A missing library is a row, not a gap.
 """
 import importlib
 
