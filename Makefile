@@ -8,7 +8,7 @@ NB ?=
 PYTEST := $(PYTHON) -m pytest
 NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: help setup test unit nbval bench reproduce lab wheelhouse clean
+.PHONY: help setup peers test unit nbval bench reproduce lab wheelhouse clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -21,7 +21,11 @@ setup:  ## create .venv with the package, test and notebook dependencies (CPU to
 		$(VENV)/bin/pip install -q $(CPU_PINS) && $(VENV)/bin/pip install -q -e ".[dev]"; \
 	fi
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@PYTHON=$(VENV)/bin/python bash tools/peers.sh .peers
 	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+
+peers:  ## unpack the measured competitors (mingru-scans, minGRU-pytorch, ...) into .peers/<name>, one folder each
+	@PYTHON=$(PYTHON) bash tools/peers.sh .peers
 
 test:  ## unit + interpreter-kernel tests, the bench smoke run, and nbval over the notebooks
 	$(PYTEST) tests notebooks $(NBVAL)
