@@ -1,10 +1,21 @@
-"""mingru: the four scans of the minGRU family, as eager references and Triton kernels."""
+"""mingru: the four scans of the minGRU family, as eager references and Triton kernels, and the
+mixers, blocks and stacks built on them (the API of mingru-scans 0.2.0)."""
+from mingru.blocks import MinGRUBlock, MinGRUStack
 from mingru.dispatch import ScanFallback, scan_mode
 from mingru.mixers import GivensMinGRU, MinGRU, RotationMinGRU, SignedMinGRU
 from mingru.ops import (linear_recurrence, linear_scan, matrix_affine_scan, matrix_recurrence,
                         matrix_scan, parallel_scan_log, rotation_recurrence)
 
 __all__ = ["ScanFallback", "scan_mode", "MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU",
+           "MinGRUBlock", "MinGRUStack",
            "linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan",
            "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # DeltaMinGRU lives in its own module, loaded on first use.
+    if name == "DeltaMinGRU":
+        from mingru.delta import DeltaMinGRU
+        return DeltaMinGRU
+    raise AttributeError(f"module 'mingru' has no attribute {name!r}")

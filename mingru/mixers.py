@@ -1,15 +1,19 @@
-"""The minGRU family of recurrent mixers: one parallel `forward`, one sequential `step` each.
+"""The minGRU family of recurrent mixers, with mingru-scans 0.2.0's API and checkpoint layout.
 
-Every mixer projects x to a transition A_t and an injection B_t and runs h_t = A_t h_{t-1} + B_t
-through the states-only op of its family; `step` applies the same recurrence once.
+Each mixer maps x (B, T, input_size) to the states h (B, T, hidden_size) of one recurrence
+h_t = A_t h_{t-1} + B_t, run in parallel over T by a public op of `mingru.ops` (so the Triton
+kernels serve it on CUDA); `step` applies the same recurrence once, to (B, input_size) and a
+state (B, hidden_size). `forward` takes the initial state as (B, 1, hidden_size), so a chunked
+caller passes `h_0 = previous_output[:, -1:]`. With `decay`, `delta_t` (B, T) in `forward` or (B,)
+in `step` scales A_t by gamma_t = exp(-lambda f(delta_t)) (see `mingru.decay`).
+Parameter names and shapes are the published ones; projections are fused per call only.
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mingru import ops, scans
+from mingru.decay import DecayMixin
 
 
 def g(x):
@@ -18,127 +22,287 @@ def g(x):
 
 
 def log_g(x):
-    return torch.where(x >= 0, torch.log(F.relu(x) + 0.5), -F.softplus(-x))
+    """log g(x), finite with a finite gradient everywhere (the unselected branch sees x = 0)."""
+    safe = torch.where(x >= 0, x, torch.zeros_like(x))
+    return torch.where(x >= 0, (safe + 0.5).log(), -F.softplus(-x))
 
 
-class _Mixer(nn.Module):
-    def __init__(self, input_size, hidden_size, n_proj):
+def _linears(input_size, sizes, bias):
+    return [nn.Linear(input_size, n, bias=bias) for n in sizes]
+
+
+class _Mixer(DecayMixin, nn.Module):
+    """Shared plumbing: size checks, one fused projection per call, state shapes, decay."""
+
+    def __init__(self, input_size, hidden_size):
         super().__init__()
+        for name, v in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {v!r}")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.proj = nn.Linear(input_size, n_proj)
 
-    def _check(self, x, h, batch_dims):
+    def _project(self, x, *linears):
+        """The outputs of `linears` on x, computed as one matmul over their stacked weights."""
+        w = torch.cat([lin.weight for lin in linears])
+        b = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+        return F.linear(x, w, b).split([lin.out_features for lin in linears], dim=-1)
+
+    def _check_x(self, x, step):
         name = type(self).__name__
-        if x.dim() != batch_dims + 1 or x.shape[-1] != self.input_size:
-            want = "(B, T, input_size)" if batch_dims == 2 else "(B, input_size)"
+        want = "(B, input_size)" if step else "(B, T, input_size)"
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{name}: x must be a floating-point torch.Tensor of shape {want}, "
+                            f"got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() != (2 if step else 3) or x.shape[-1] != self.input_size:
             raise ValueError(f"{name}: x must have shape {want} with input_size = {self.input_size}, "
                              f"got {tuple(x.shape)}")
-        if h is not None and (h.shape != (x.shape[0], self.hidden_size)):
-            raise ValueError(f"{name}: the initial state must have shape (B, hidden_size) = "
-                             f"({x.shape[0]}, {self.hidden_size}), got {tuple(h.shape)}")
+
+    def _state(self, h, x, step, default):
+        """The initial state, checked: (B, 1, H) for forward, (B, H) for step; `default()` if None."""
+        B, H = x.shape[0], self.hidden_size
+        if h is None:
+            h = default().to(device=x.device, dtype=x.dtype)
+            return h.expand(B, 1, H)[:, 0] if step else h.expand(B, 1, H)
+        want = (B, H) if step else (B, 1, H)
+        if not isinstance(h, torch.Tensor) or tuple(h.shape) != want:
+            arg = "h_prev" if step else "h_0"
+            sym = "(B, hidden_size)" if step else "(B, 1, hidden_size)"
+            raise ValueError(f"{type(self).__name__}: {arg} must have shape {sym} = {want}, "
+                             f"got {tuple(getattr(h, 'shape', ())) or type(h).__name__}")
+        return h
+
+    def _dt(self, delta_t, x):
+        return self._prepare_decay(delta_t, x.shape[:-1])
+
+    def extra_repr(self):
+        return f"input_size={self.input_size}, hidden_size={self.hidden_size}"
 
 
 class MinGRU(_Mixer):
-    """h_t = (1 - z_t) h_{t-1} + z_t g(h~_t), run in log space by parallel_scan_log. States stay > 0."""
+    """h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(h~_t), z = sigmoid(linear_z x), h~ = linear_h x.
 
-    def __init__(self, input_size, hidden_size):
-        super().__init__(input_size, hidden_size, 2 * hidden_size)
+    Run in log space by `parallel_scan_log`, so states stay positive. The default initial state
+    is g(0) = 0.5, or g(h0_pre) with `learnable_h0`; a given h_0 must be >= 0 (a real state).
+    """
 
-    def forward(self, x, h_0=None):
-        self._check(x, h_0, 2)
-        k, cand = self.proj(x).chunk(2, dim=-1)
-        log_coeffs = -F.softplus(k)                  # log(1 - z)
-        log_values = -F.softplus(-k) + log_g(cand)   # log z + log g(h~)
-        log_h0 = (torch.full_like(log_values[:, :1], -math.inf) if h_0 is None
-                  else _positive_log(h_0).unsqueeze(1))
-        return ops.parallel_scan_log(log_coeffs, torch.cat([log_h0, log_values], dim=1))
+    def __init__(self, input_size, hidden_size, bias=True, learnable_h0=False, decay=None,
+                 decay_rate=1.0, log1p_delta=False):
+        super().__init__(input_size, hidden_size)
+        self.linear_z, self.linear_h = _linears(input_size, [hidden_size] * 2, bias)
+        self.h0_pre = nn.Parameter(torch.zeros(1, 1, hidden_size)) if learnable_h0 else None
+        self._init_decay(decay, decay_rate, log1p_delta, hidden_size)
 
-    def step(self, x_t, h_prev=None):
-        self._check(x_t, h_prev, 1)
-        k, cand = self.proj(x_t).chunk(2, dim=-1)
+    def _default_h0(self):
+        return g(self.h0_pre) if self.h0_pre is not None else torch.full((1, 1, self.hidden_size), 0.5)
+
+    def forward(self, x, h_0=None, delta_t=None):
+        self._check_x(x, step=False)
+        given = h_0 is not None
+        h_0 = self._state(h_0, x, False, self._default_h0)
+        if given:
+            _check_nonnegative(h_0)
+        k, cand = self._project(x, self.linear_z, self.linear_h)
+        log_coeffs = -F.softplus(k)  # log(1 - z)
+        dt = self._dt(delta_t, x)
+        if dt is not None:
+            log_coeffs = log_coeffs + self._decay_log_gamma(dt)
+        log_h0 = h_0.clamp_min(torch.finfo(h_0.dtype).tiny).log()
+        log_values = torch.cat([log_h0, -F.softplus(-k) + log_g(cand)], dim=1)  # log z + log g(h~)
+        return ops.parallel_scan_log(log_coeffs.expand_as(k), log_values)
+
+    @torch.no_grad()
+    def step(self, x_t, h_prev=None, delta_t=None):
+        self._check_x(x_t, step=True)
+        h_prev = self._state(h_prev, x_t, True, self._default_h0)
+        k, cand = self._project(x_t, self.linear_z, self.linear_h)
         z = torch.sigmoid(k)
-        h_prev = torch.zeros_like(z) if h_prev is None else h_prev
-        return (1 - z) * h_prev + z * g(cand)
+        a = 1 - z
+        dt = self._dt(delta_t, x_t)
+        if dt is not None:
+            a = a * self._decay_gamma(dt)
+        return a * h_prev + z * g(cand)
 
 
-def _positive_log(h):
-    if (h < 0).any():
-        raise ValueError("MinGRU: h_0 must be >= 0 (the log-space scan carries log h); got negative entries")
-    return h.log()
+def _check_nonnegative(h_0):
+    """MinGRU's states are positive: a negative h_0 is a pre-activation passed by mistake."""
+    if h_0.device.type == "cpu":
+        if (h_0 < 0).any():
+            raise ValueError("MinGRU: h_0 must be a non-negative state (an output of forward or "
+                             "step), got negative entries")
+    else:  # checked on the device, without a host sync
+        torch._assert_async((h_0 >= 0).all(), "MinGRU: h_0 must be a non-negative state")
 
 
 class SignedMinGRU(_Mixer):
-    """Signed scalar transitions a_t = tanh(.) in (-1, 1), injection (1 - |a_t|) h~_t; linear_recurrence."""
+    """h_t = a_t h_{t-1} + z_t h~_t, a_t = gamma_t tanh(linear_s x) in (-1, 1); linear_recurrence.
 
-    def __init__(self, input_size, hidden_size):
-        super().__init__(input_size, hidden_size, 2 * hidden_size)
-
-    def _coeffs(self, x):
-        pre_a, cand = self.proj(x).chunk(2, dim=-1)
-        a = torch.tanh(pre_a)
-        return a, (1 - a.abs()) * cand
-
-    def forward(self, x, h_0=None):
-        self._check(x, h_0, 2)
-        return ops.linear_recurrence(*self._coeffs(x), h_0)
-
-    def step(self, x_t, h_prev=None):
-        self._check(x_t, h_prev, 1)
-        a, b = self._coeffs(x_t)
-        return b if h_prev is None else a * h_prev + b
-
-
-class GivensMinGRU(_Mixer):
-    """Block rotations: each k-block turns by `rounds` brick-wall Givens rounds and decays.
-
-    A_t = gamma_t G_t (G_t a product of 2*rounds layers of k/2 plane rotations, gamma_t in (0, 1)),
-    B_t = (1 - gamma_t) h~_t. fused=True forms G_t inside the angle-fused kernel; fused=False builds
-    the dense k x k transitions and runs matrix_recurrence (the generic path).
+    `coupled=True` uses a_t = gamma_t (1 - z_t) tanh(linear_s x). Initial state 0 (or the learned h0).
     """
 
-    def __init__(self, input_size, hidden_size, k=8, rounds=3, fused=True, layers=None):
-        if k < 2 or k % 2 or hidden_size % k:
-            raise ValueError(f"{type(self).__name__}: k must be even and divide hidden_size = "
-                             f"{hidden_size}, got k = {k}")
-        self.k, self.n, self.fused = k, hidden_size // k, fused
-        self.layers = 2 * rounds if layers is None else layers
-        n_angles = self.n * self.layers * (k // 2)
-        super().__init__(input_size, hidden_size, n_angles + self.n + hidden_size)
+    def __init__(self, input_size, hidden_size, bias=True, learnable_h0=False, coupled=False,
+                 decay=None, decay_rate=1.0, log1p_delta=False):
+        super().__init__(input_size, hidden_size)
+        self.coupled = coupled
+        self.linear_z, self.linear_h, self.linear_s = _linears(input_size, [hidden_size] * 3, bias)
+        self.h0 = nn.Parameter(torch.zeros(1, 1, hidden_size)) if learnable_h0 else None
+        self._init_decay(decay, decay_rate, log1p_delta, hidden_size)
 
-    def _coeffs(self, x):
-        lead = x.shape[:-1]
-        split = [self.n * self.layers * (self.k // 2), self.n, self.hidden_size]
-        angles, pre_decay, cand = self.proj(x).split(split, dim=-1)
-        angles = angles.reshape(*lead, self.n, self.layers, self.k // 2)
-        decay = torch.sigmoid(pre_decay)
-        u = (1 - decay).unsqueeze(-1) * cand.reshape(*lead, self.n, self.k)
-        return angles, decay, u
+    def _default_h0(self):
+        return self.h0 if self.h0 is not None else torch.zeros(1, 1, self.hidden_size)
 
-    def forward(self, x, h_0=None):
-        self._check(x, h_0, 2)
-        angles, decay, u = self._coeffs(x)
-        h0 = None if h_0 is None else h_0.reshape(-1, self.n, self.k)
-        if self.fused:
-            h = ops.rotation_recurrence(angles, decay, u, h0)
-        else:
-            h0 = None if h0 is None else h0.unsqueeze(-1)
-            h = ops.matrix_recurrence(scans.givens_matrices(angles, decay), u.unsqueeze(-1), h0)
+    def _coeffs(self, x, delta_t):
+        k, cand, s = self._project(x, self.linear_z, self.linear_h, self.linear_s)
+        z = torch.sigmoid(k)
+        a = torch.tanh(s)
+        if self.coupled:
+            a = (1 - z) * a
+        dt = self._dt(delta_t, x)
+        if dt is not None:
+            a = a * self._decay_gamma(dt)
+        return a, z * cand
+
+    def forward(self, x, h_0=None, delta_t=None):
+        self._check_x(x, step=False)
+        h_0 = self._state(h_0, x, False, self._default_h0)
+        return ops.linear_recurrence(*self._coeffs(x, delta_t), h_0[:, 0])
+
+    @torch.no_grad()
+    def step(self, x_t, h_prev=None, delta_t=None):
+        self._check_x(x_t, step=True)
+        h_prev = self._state(h_prev, x_t, True, self._default_h0)
+        a, b = self._coeffs(x_t, delta_t)
+        return a * h_prev + b
+
+    def extra_repr(self):
+        return super().extra_repr() + f", coupled={self.coupled}"
+
+
+class _BlockMixer(_Mixer):
+    """Mixers whose state is n_blocks k-vectors, h_t = M_t h_{t-1} + z_t h~_t per block.
+
+    The initial state is the learned parameter h0 (1, 1, hidden_size), drawn N(0, 0.25).
+    """
+
+    def _default_h0(self):
+        return self.h0
+
+    def _blocks(self, t):
+        return t.reshape(*t.shape[:-1], self.n_blocks, self.k)
+
+    def _injection(self, z_pre, cand):
+        return self._blocks(torch.sigmoid(z_pre) * cand)
+
+    def _gamma(self, delta_t, x):
+        """gamma per block (..., n_blocks), or None without decay."""
+        dt = self._dt(delta_t, x)
+        return None if dt is None else self._decay_gamma(dt).expand(*x.shape[:-1], self.n_blocks)
+
+    def forward(self, x, h_0=None, delta_t=None):
+        self._check_x(x, step=False)
+        h_0 = self._state(h_0, x, False, self._default_h0)
+        h = self._scan(x, self._blocks(h_0[:, 0]), delta_t)
         return h.reshape(*x.shape[:2], self.hidden_size)
 
-    def step(self, x_t, h_prev=None):
-        self._check(x_t, h_prev, 1)
-        angles, decay, u = self._coeffs(x_t)
-        if h_prev is None:
-            return u.reshape(-1, self.hidden_size)
-        M = scans.givens_matrices(angles, decay)
-        h = M @ h_prev.reshape(-1, self.n, self.k, 1) + u.unsqueeze(-1)
+    @torch.no_grad()
+    def step(self, x_t, h_prev=None, delta_t=None):
+        self._check_x(x_t, step=True)
+        h_prev = self._state(h_prev, x_t, True, self._default_h0)
+        M, b = self._transition(x_t, delta_t)
+        h = (M @ self._blocks(h_prev).unsqueeze(-1)).squeeze(-1) + b
         return h.reshape(-1, self.hidden_size)
 
+    def _scan(self, x, h0, delta_t):
+        M, b = self._transition(x, delta_t)
+        return ops.matrix_recurrence(M, b.unsqueeze(-1), h0.unsqueeze(-1)).squeeze(-1)
 
-class RotationMinGRU(GivensMinGRU):
-    """2x2 rotation-times-decay transitions: GivensMinGRU with k = 2 and a single rotation layer."""
 
-    def __init__(self, input_size, hidden_size, fused=True):
+class RotationMinGRU(_BlockMixer):
+    """Per 2-block: M_t = gamma_t R(theta_t) diag(1, tanh(linear_u x)), theta = linear_theta x.
+
+    With `snap`, block j's angle is rounded to a multiple of 2 pi / snap[j % len(snap)] in the
+    forward pass while its gradient passes straight through. Runs on `matrix_recurrence`.
+    """
+
+    def __init__(self, input_size, hidden_size, bias=True, snap=(2, 3, 4, 6), decay=None,
+                 decay_rate=1.0, log1p_delta=False):
+        super().__init__(input_size, hidden_size)
         if hidden_size % 2:
-            raise ValueError(f"RotationMinGRU: hidden_size must be even, got {hidden_size}")
-        super().__init__(input_size, hidden_size, k=2, fused=fused, layers=1)
+            raise ValueError(f"RotationMinGRU: hidden_size must be even (n_blocks = hidden_size / 2 "
+                             f"planes), got {hidden_size}")
+        if snap is not None and (len(snap) == 0 or any(int(s) < 1 for s in snap)):
+            raise ValueError(f"RotationMinGRU: snap must be None or a non-empty tuple of positive "
+                             f"ints, got {snap!r}")
+        self.k, self.n_blocks, self.snap = 2, hidden_size // 2, snap
+        n = self.n_blocks
+        self.linear_z, self.linear_h, self.linear_theta, self.linear_u = _linears(
+            input_size, [hidden_size, hidden_size, n, n], bias)
+        self.h0 = nn.Parameter(torch.randn(1, 1, hidden_size) * 0.5)
+        if snap is not None:
+            steps = [2 * torch.pi / snap[j % len(snap)] for j in range(n)]
+            self.register_buffer("snap_step", torch.tensor(steps))
+        self._init_decay(decay, decay_rate, log1p_delta, n)
+
+    def _transition(self, x, delta_t):
+        z_pre, cand, theta, u = self._project(x, self.linear_z, self.linear_h, self.linear_theta,
+                                              self.linear_u)
+        if self.snap is not None:
+            theta = theta + (torch.round(theta / self.snap_step) * self.snap_step - theta).detach()
+        c, s, d = theta.cos(), theta.sin(), torch.tanh(u)
+        M = torch.stack([c, -s * d, s, c * d], dim=-1).unflatten(-1, (2, 2))
+        gamma = self._gamma(delta_t, x)
+        if gamma is not None:
+            M = gamma[..., None, None] * M
+        return M, self._injection(z_pre, cand)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", snap={self.snap}"
+
+
+class GivensMinGRU(_BlockMixer):
+    """Per k-block: M_t = gamma_t G_{rounds-1} ... G_0, G_r brick-wall Givens rotations.
+
+    Round r turns the planes (i, i+1 mod k), i = r%2, r%2 + 2, ..., by angles from linear_theta.
+    `fused=True` (our one extra keyword) runs `ops.rotation_recurrence`, which builds the
+    rotations inside the kernel; `fused=False` builds dense k x k matrices for `matrix_recurrence`.
+    """
+
+    def __init__(self, input_size, hidden_size, bias=True, block_size=8, rounds=3, decay=None,
+                 decay_rate=1.0, log1p_delta=False, fused=True):
+        super().__init__(input_size, hidden_size)
+        if not isinstance(block_size, int) or block_size < 2 or block_size % 2:
+            raise ValueError(f"GivensMinGRU: block_size must be an even int >= 2, got {block_size!r}")
+        if hidden_size % block_size:
+            raise ValueError(f"GivensMinGRU: hidden_size ({hidden_size}) must be divisible by "
+                             f"block_size ({block_size})")
+        if not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"GivensMinGRU: rounds must be an int >= 1, got {rounds!r}")
+        self.k, self.n_blocks, self.rounds, self.fused = block_size, hidden_size // block_size, rounds, fused
+        n_angles = self.n_blocks * rounds * (block_size // 2)
+        self.linear_theta, self.linear_z, self.linear_h = _linears(
+            input_size, [n_angles, hidden_size, hidden_size], bias)
+        self.h0 = nn.Parameter(torch.randn(1, 1, hidden_size) * 0.5)
+        for r in range(rounds):  # the plane index buffers are part of the published state_dict
+            first = torch.arange(r % 2, block_size, 2)
+            self.register_buffer(f"_pi{r}", first)
+            self.register_buffer(f"_pj{r}", (first + 1) % block_size)
+        self._init_decay(decay, decay_rate, log1p_delta, self.n_blocks)
+
+    def _heads(self, x, delta_t):
+        theta, z_pre, cand = self._project(x, self.linear_theta, self.linear_z, self.linear_h)
+        angles = theta.unflatten(-1, (self.n_blocks, self.rounds, self.k // 2))
+        gamma = self._gamma(delta_t, x)
+        if gamma is None:
+            gamma = x.new_ones(*x.shape[:-1], self.n_blocks)
+        return angles, gamma, self._injection(z_pre, cand)
+
+    def _transition(self, x, delta_t):
+        angles, gamma, b = self._heads(x, delta_t)
+        return scans.givens_matrices(angles, gamma), b
+
+    def _scan(self, x, h0, delta_t):
+        if not self.fused:
+            return super()._scan(x, h0, delta_t)
+        return ops.rotation_recurrence(*self._heads(x, delta_t), h0)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", block_size={self.k}, rounds={self.rounds}, fused={self.fused}"
