@@ -118,8 +118,8 @@ class MinGRUStack(nn.Module):
                     if i < n_layers - 1 else (m, kw) for i, (m, kw) in enumerate(plan)]
         n_rot = sum(m == "rotation" for m, _ in plan)
         if n_rot > 1:
-            warnings.warn(f"{n_rot} 'rotation' blocks: the snapped angles' straight-through "
-                          "gradient is untested across more than two rotation layers", stacklevel=2)
+            warnings.warn(f"{n_rot} 'rotation' blocks: the straight-through gradient of the "
+                          "snapped angles can compound from layer to layer", stacklevel=2)
         self.in_proj = nn.Linear(input_size, d_model) if input_size != d_model else nn.Identity()
         self.blocks = nn.ModuleList(MinGRUBlock(d_model, mlp_expansion, dropout, learnable_h0, m, kw)
                                     for m, kw in plan)

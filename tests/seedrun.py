@@ -42,6 +42,8 @@ STACK_CASES = {
                                  "decay_layers": "last"}, "BT"),
     "stack-mixed": ({"mixer": ["rotation", "givens"], "mlp_expansion": 0,
                      "mixer_kwargs": {"givens": {"block_size": 4, "decay": "learnable"}}}, "BT"),
+    "stack-delta": ({"mixer": "delta", "mixer_kwargs": {"n_heads": 2, "nh": 2, "chunk_size": 4,
+                                                        "decay": "fixed"}}, "BT"),
 }
 
 

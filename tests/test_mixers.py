@@ -1,50 +1,175 @@
-"""Mixers: the parallel forward equals T sequential steps; h_0 chains two halves into one."""
+"""Mixers and blocks: forward equals the step loop, h_0 chains two halves, the Triton kernels
+(interpreter on CPU) agree with eager, and bad arguments get errors that name them."""
 import pytest
 import torch
 
 import mingru
 
-MIXERS = [
-    ("MinGRU", lambda: mingru.MinGRU(6, 16)),
-    ("SignedMinGRU", lambda: mingru.SignedMinGRU(6, 16)),
-    ("RotationMinGRU", lambda: mingru.RotationMinGRU(6, 16)),
-    ("RotationMinGRU-generic", lambda: mingru.RotationMinGRU(6, 16, fused=False)),
-    ("GivensMinGRU-k8", lambda: mingru.GivensMinGRU(6, 16)),
-    ("GivensMinGRU-k4-r1-generic", lambda: mingru.GivensMinGRU(6, 16, k=4, rounds=1, fused=False)),
-]
+D_IN, H = 6, 16
+MIXERS = {
+    "MinGRU": lambda: mingru.MinGRU(D_IN, H),
+    "MinGRU-h0-learnable-decay": lambda: mingru.MinGRU(D_IN, H, learnable_h0=True, decay="learnable"),
+    "SignedMinGRU-fixed-decay": lambda: mingru.SignedMinGRU(D_IN, H, decay="fixed", log1p_delta=True),
+    "SignedMinGRU-coupled": lambda: mingru.SignedMinGRU(D_IN, H, coupled=True, learnable_h0=True),
+    "RotationMinGRU": lambda: mingru.RotationMinGRU(D_IN, H, snap=None),
+    "RotationMinGRU-snap-decay": lambda: mingru.RotationMinGRU(D_IN, H, decay="learnable"),
+    "GivensMinGRU-k8": lambda: mingru.GivensMinGRU(D_IN, H),
+    "GivensMinGRU-k4-r1-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=4, rounds=1,
+                                                            decay="fixed"),
+    "GivensMinGRU-k4-generic-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=4, fused=False,
+                                                                 decay="learnable"),
+}
 
 
-@pytest.fixture(params=[m[1] for m in MIXERS], ids=[m[0] for m in MIXERS])
+@pytest.fixture(params=list(MIXERS.values()), ids=list(MIXERS))
 def mixer(request):
     torch.manual_seed(0)
     return request.param()
 
 
+def _inputs(mixer, B, T, dtype=torch.float32):
+    x = torch.randn(B, T, D_IN, dtype=dtype)
+    return x, (torch.rand(B, T, dtype=dtype) * 3 if mixer.decay else None)
+
+
+def _at(dt, t):
+    return None if dt is None else dt[:, t]
+
+
 def test_forward_equals_steps(mixer, eager_mode):
-    x = torch.randn(3, 11, 6)
+    mixer.double()
+    x, dt = _inputs(mixer, 3, 11, torch.float64)
     h, steps = None, []
     for t in range(x.shape[1]):
-        h = mixer.step(x[:, t], h)
+        h = mixer.step(x[:, t], h, _at(dt, t))
         steps.append(h)
-    torch.testing.assert_close(mixer(x), torch.stack(steps, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixer(x, None, dt), torch.stack(steps, 1))
 
 
 def test_h0_chains_two_halves(mixer, eager_mode):
-    x = torch.randn(2, 10, 6)
-    whole = mixer(x)
-    first = mixer(x[:, :4])
-    second = mixer(x[:, 4:], first[:, -1])
+    x, dt = _inputs(mixer, 2, 10)
+    whole = mixer(x, None, dt)
+    first = mixer(x[:, :4], None, None if dt is None else dt[:, :4])
+    second = mixer(x[:, 4:], first[:, -1:], None if dt is None else dt[:, 4:])
     torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-5, rtol=1e-5)
 
 
 def test_backward_reaches_every_parameter(mixer, eager_mode):
-    mixer(torch.randn(2, 5, 6)).square().sum().backward()
+    x, dt = _inputs(mixer, 2, 5)
+    mixer(x, None, dt).square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
 
 
-def test_fused_and_generic_paths_agree(eager_mode):
+def test_triton_matches_eager(mixer, monkeypatch):
+    """The kernels (interpreter here, GPU there) give eager's outputs and gradients, decay included."""
+    pytest.importorskip("triton")
+    x, dt = _inputs(mixer, 2, 6)
+    results = []
+    for mode in ("eager", "triton"):
+        monkeypatch.setenv("MINGRU_SCAN", mode)
+        mixer.zero_grad()
+        xg = x.clone().requires_grad_(True)
+        y = mixer(xg, None, dt)
+        y.square().sum().backward()
+        results.append([y, xg.grad] + [p.grad for p in mixer.parameters()])
+    for eager, kernel in zip(*results):
+        torch.testing.assert_close(kernel, eager, atol=1e-5, rtol=1e-4)
+
+
+def test_givens_fused_and_generic_paths_agree(eager_mode):
     torch.manual_seed(0)
-    fused, generic = mingru.GivensMinGRU(6, 16, k=4), mingru.GivensMinGRU(6, 16, k=4, fused=False)
+    fused = mingru.GivensMinGRU(D_IN, H, block_size=4, decay="fixed")
+    generic = mingru.GivensMinGRU(D_IN, H, block_size=4, decay="fixed", fused=False)
     generic.load_state_dict(fused.state_dict())
-    x = torch.randn(2, 9, 6)
-    torch.testing.assert_close(fused(x), generic(x))
+    x, dt = _inputs(fused, 2, 9)
+    torch.testing.assert_close(fused(x, None, dt), generic(x, None, dt))
+
+
+def test_decay_zero_gap_is_no_decay(eager_mode):
+    torch.manual_seed(0)
+    plain = mingru.SignedMinGRU(D_IN, H)
+    decayed = mingru.SignedMinGRU(D_IN, H, decay="learnable")
+    decayed.load_state_dict(plain.state_dict(), strict=False)
+    x = torch.randn(2, 5, D_IN)
+    torch.testing.assert_close(decayed(x, None, torch.zeros(2, 5)), plain(x))
+    assert not torch.allclose(decayed(x, None, torch.ones(2, 5)), plain(x))
+
+
+def test_dirty_delta_t_is_cleaned_with_one_warning(eager_mode):
+    torch.manual_seed(0)
+    m = mingru.MinGRU(D_IN, H, decay="fixed")
+    x = torch.randn(1, 4, D_IN)
+    dirty = torch.tensor([[float("nan"), -2.0, float("-inf"), 0.5]])
+    with pytest.warns(UserWarning, match="delta_t"):
+        y = m(x, None, dirty)
+    torch.testing.assert_close(y, m(x, None, torch.tensor([[0.0, 0.0, 0.0, 0.5]])))
+
+
+@pytest.mark.parametrize("make, call, match", [
+    (lambda: mingru.MinGRU(D_IN, H), lambda m: m(torch.randn(2, 3, D_IN + 1)), r"x must have shape \(B, T, input_size\)"),
+    (lambda: mingru.MinGRU(D_IN, H), lambda m: m.step(torch.randn(2, 3, D_IN)), r"x must have shape \(B, input_size\)"),
+    (lambda: mingru.MinGRU(D_IN, H), lambda m: m(torch.randn(2, 3, D_IN), torch.ones(2, H)), r"h_0 must have shape \(B, 1, hidden_size\)"),
+    (lambda: mingru.MinGRU(D_IN, H), lambda m: m(torch.randn(2, 3, D_IN), -torch.ones(2, 1, H)), "non-negative"),
+    (lambda: mingru.SignedMinGRU(D_IN, H), lambda m: m.step(torch.randn(2, D_IN), torch.ones(2, 1, H)), r"h_prev must have shape \(B, hidden_size\)"),
+    (lambda: mingru.MinGRU(D_IN, H), lambda m: m(torch.randn(2, 3, D_IN), None, torch.ones(2, 3)), "decay=None"),
+    (lambda: mingru.MinGRU(D_IN, H, decay="fixed"), lambda m: m(torch.randn(2, 3, D_IN)), "delta_t is required"),
+    (lambda: mingru.RotationMinGRU(D_IN, H, decay="fixed"), lambda m: m(torch.randn(2, 3, D_IN), None, torch.ones(2, 4)), r"delta_t must have shape \(B, T\)"),
+    (lambda: mingru.GivensMinGRU(D_IN, H, decay="fixed"), lambda m: m.step(torch.randn(2, D_IN), None, torch.ones(2, 2)), r"delta_t must have shape \(B,\)"),
+    (lambda: mingru.GivensMinGRU(D_IN, 12), None, "divisible by block_size"),
+    (lambda: mingru.GivensMinGRU(D_IN, H, block_size=3), None, "block_size must be an even"),
+    (lambda: mingru.GivensMinGRU(D_IN, H, rounds=0), None, "rounds must be"),
+    (lambda: mingru.RotationMinGRU(D_IN, 15), None, "hidden_size must be even"),
+    (lambda: mingru.RotationMinGRU(D_IN, H, snap=()), None, "snap must be"),
+    (lambda: mingru.MinGRU(D_IN, H, decay="exp"), None, "decay must be"),
+    (lambda: mingru.MinGRU(D_IN, H, decay="learnable", decay_rate=0.0), None, "decay_rate must be > 0"),
+    (lambda: mingru.MinGRUBlock(8, mixer="lstm"), None, "mixer must be one of"),
+    (lambda: mingru.MinGRUStack(4, 8, 2, mixer=["log"]), None, "n_layers = 2"),
+    (lambda: mingru.MinGRUStack(4, 8, 2, mixer="log", mixer_kwargs={"signed": {}}), None, "mixer names"),
+    (lambda: mingru.MinGRUStack(4, 8, 2, decay_layers="first"), None, "decay_layers"),
+    (lambda: mingru.MinGRUStack(4, 8, 2), lambda m: m(torch.randn(1, 3, 4), None, torch.ones(1, 3)), "decay=None"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_arguments_are_named(make, call, match, eager_mode):
+    with pytest.raises(ValueError, match=match):
+        m = make()
+        call(m)
+
+
+def test_x_must_be_floating():
+    with pytest.raises(TypeError, match="floating-point"):
+        mingru.SignedMinGRU(D_IN, H)(torch.ones(2, 3, D_IN, dtype=torch.long))
+
+
+@pytest.mark.filterwarnings("ignore:2 'rotation' blocks")
+@pytest.mark.parametrize("mixer", ["log", "signed", "rotation", "givens"])
+def test_stack_forward_step_and_chained_state_agree(mixer, eager_mode):
+    torch.manual_seed(0)
+    kwargs = {"block_size": 4, "decay": "learnable"} if mixer == "givens" else None
+    stack = mingru.MinGRUStack(5, 8, 2, mixer=mixer, mixer_kwargs=kwargs).double()
+    x = torch.randn(2, 6, 5, dtype=torch.float64)
+    dt = torch.rand(2, 6, dtype=torch.float64) if kwargs else None
+    y, state = stack(x, None, dt)
+    first, carry = stack(x[:, :2], None, None if dt is None else dt[:, :2])
+    second, _ = stack(x[:, 2:], carry, None if dt is None else dt[:, 2:])
+    torch.testing.assert_close(torch.cat([first, second], 1), y)
+    steps, s = [], stack.init_state()
+    for t in range(6):
+        out, s = stack.step(x[:, t], s, _at(dt, t))
+        steps.append(out)
+    torch.testing.assert_close(torch.stack(steps, 1), y)
+    assert [tuple(h.shape) for h in state] == [(2, 1, 8)] * 2
+
+
+def test_delta_block_carries_its_matrix_state(eager_mode):
+    pytest.importorskip("mingru.delta")
+    torch.manual_seed(0)
+    block = mingru.MinGRUBlock(8, mixer="delta", mixer_kwargs={"n_heads": 2}).double()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    y, _ = block(x)
+    first, carry = block(x[:, :3])
+    second, _ = block(x[:, 3:], carry)
+    torch.testing.assert_close(torch.cat([first, second], 1), y)
+    steps, s = [], None
+    for t in range(6):
+        out, s = block.step(x[:, t], s)
+        steps.append(out)
+    torch.testing.assert_close(torch.stack(steps, 1), y)
