@@ -16,6 +16,6 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # DeltaMinGRU lives in its own module, loaded on first use.
     if name == "DeltaMinGRU":
-        from mingru.delta import DeltaMinGRU
-        return DeltaMinGRU
+        from mingru.blocks import mixer_class
+        return mixer_class("delta")
     raise AttributeError(f"module 'mingru' has no attribute {name!r}")

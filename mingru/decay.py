@@ -8,7 +8,8 @@ Contract (mingru-scans 0.2.0's, kept exactly so its checkpoints and call sites c
   lambda = softplus(rho), initialised so that lambda == decay_rate. decay_rate must be > 0.
 - f(dt) is dt, or log1p(dt) with `log1p_delta=True`. Before f, delta_t is cleaned: NaN -> 0,
   +inf -> POSINF_CAP, -inf and negatives -> 0. On CPU tensors a UserWarning says so, once per
-  module; on other devices the cleaning is silent (checking would cost a host sync).
+  module; on other devices and inside torch.compile the cleaning is silent (checking would cost
+  a host sync or a graph break).
 - `delta_t` is given iff decay is on, else ValueError. Its shape is the input's leading shape,
   (B, T) in `forward` and (B,) in `step`, optionally with a trailing size-1 dim; a dim of size 1
   broadcasts.
@@ -61,7 +62,7 @@ def normalize_delta_t(delta_t, lead, log1p_delta=False):
     if not delta_t.is_floating_point():
         delta_t = delta_t.to(torch.get_default_dtype())
     bad = False
-    if delta_t.device.type == "cpu":
+    if delta_t.device.type == "cpu" and not torch.compiler.is_compiling():
         bad = bool(((delta_t < 0) | ~delta_t.isfinite()).any())
     dt = delta_t.nan_to_num(nan=0.0, posinf=POSINF_CAP, neginf=0.0).clamp(min=0)
     return (torch.log1p(dt) if log1p_delta else dt), bad
