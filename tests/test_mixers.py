@@ -14,8 +14,10 @@ MIXERS = {
     "RotationMinGRU": lambda: mingru.RotationMinGRU(D_IN, H, snap=None),
     "RotationMinGRU-snap-decay": lambda: mingru.RotationMinGRU(D_IN, H, decay="learnable"),
     "GivensMinGRU-k8": lambda: mingru.GivensMinGRU(D_IN, H),
-    "GivensMinGRU-k4-r1-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=4, rounds=1,
-                                                            decay="fixed"),
+    "GivensMinGRU-k4-r1-fixed-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=4, rounds=1,
+                                                                  decay="fixed"),
+    "GivensMinGRU-k2-r2-learnable-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=2, rounds=2,
+                                                                      decay="learnable"),
     "GivensMinGRU-k4-generic-decay": lambda: mingru.GivensMinGRU(D_IN, H, block_size=4, fused=False,
                                                                  decay="learnable"),
 }
