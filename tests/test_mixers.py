@@ -62,10 +62,11 @@ def test_backward_reaches_every_parameter(mixer, eager_mode):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
 
 
-def test_triton_matches_eager(mixer, monkeypatch):
-    """The kernels (interpreter here, GPU there) give eager's outputs and gradients, decay included."""
+def test_triton_matches_eager(mixer, device, monkeypatch):
+    """The kernels (interpreter on a CPU, the GPU on CUDA) give eager's outputs and gradients."""
     pytest.importorskip("triton")
     x, dt = _inputs(mixer, 2, 6)
+    mixer, x, dt = mixer.to(device), x.to(device), None if dt is None else dt.to(device)
     results = []
     for mode in ("eager", "triton"):
         monkeypatch.setenv("MINGRU_SCAN", mode)
