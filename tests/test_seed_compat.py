@@ -76,3 +76,21 @@ def test_same_seed_same_initial_weights(name, seed_results):
     assert list(ours) == list(theirs)
     for key in theirs:
         torch.testing.assert_close(ours[key], theirs[key], atol=0, rtol=0, msg=f"{name}: {key}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", CASES)
+def test_matches_published_on_gpu(name, seed_results, monkeypatch):
+    """The published checkpoints, loaded here and run in float32 through the CUDA kernels."""
+    _need_delta(name)
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    ref = seed_results[name]
+    module, _ = seedrun.build(mingru, name)
+    module.load_state_dict(ref["state_dict"], strict=True)
+    module = module.to("cuda", torch.float32)
+    x, w, dt = (None if t is None else t.to("cuda", torch.float32) for t in (ref["x"], ref["w"], ref["dt"]))
+    got = seedrun.run_case(module, x, w, dt, name in seedrun.STACK_CASES)
+    for key, want in ref.items():
+        if key not in ("state_dict", "x", "w", "dt"):
+            torch.testing.assert_close(got[key].cpu().double(), want.double(), atol=2e-4, rtol=2e-3,
+                                       msg=f"{name}: {key}")
