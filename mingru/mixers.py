@@ -2,8 +2,8 @@
 
 Each mixer maps x (B, T, input_size) to the states h (B, T, hidden_size) of one recurrence
 h_t = A_t h_{t-1} + B_t, run in parallel over T by a public op of `mingru.ops` (so the Triton
-kernels serve it on CUDA); `step` applies the same recurrence once, to (B, input_size) and a
-state (B, hidden_size). `forward` takes the initial state as (B, 1, hidden_size), so a chunked
+kernels serve it on CUDA); `step` applies the same recurrence once, without autograd, to
+(B, input_size) and a state (B, hidden_size). `forward` takes the initial state as (B, 1, hidden_size), so a chunked
 caller passes `h_0 = previous_output[:, -1:]`. With `decay`, `delta_t` (B, T) in `forward` or (B,)
 in `step` scales A_t by gamma_t = exp(-lambda f(delta_t)) (see `mingru.decay`).
 Parameter names and shapes are the published ones; projections are fused per call only.
@@ -180,7 +180,7 @@ class SignedMinGRU(_Mixer):
 class _BlockMixer(_Mixer):
     """Mixers whose state is n_blocks k-vectors, h_t = M_t h_{t-1} + z_t h~_t per block.
 
-    The initial state is the learned parameter h0 (1, 1, hidden_size), drawn N(0, 0.25).
+    The initial state is the learned parameter h0 (1, 1, hidden_size), drawn as 0.5 * N(0, 1).
     """
 
     def _default_h0(self):
