@@ -235,7 +235,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         return log_gamma
 
     def _check_x(self, x, shape):
-        if not isinstance(x, torch.Tensor) or x.dim() != len(shape) or x.shape[-1] != self.input_size:
+        ndim = shape.count(",") + 1
+        if not isinstance(x, torch.Tensor) or x.dim() != ndim or x.shape[-1] != self.input_size:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape {shape} with input_size = {self.input_size}, got {got}")
 
