@@ -11,7 +11,8 @@ one generalized Householder update (nh = 1 is DeltaNet, nh > 1 is DeltaProduct):
 computes the same function chunk by chunk in the WY form: within a chunk of C tokens
 (M = C nh micro-steps) the pseudo-values u_i = v_i - (P_i H_0)^T k_i solve one unit lower
 triangular system (the UT transform), every chunk at once, so that the chunk maps its start state
-affinely, H_end = A H_start + B with A (d_k x d_k). Only that map runs in a loop over chunks.
+affinely, H_end = A H_start + B with A (d_k x d_k). Only the chaining of these maps is sequential
+over chunks (a loop, or a log-depth scan).
 """
 import warnings
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mingru import scans
 from mingru.decay import DecayMixin
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
@@ -95,23 +97,33 @@ def _to_chunks(x, N, C):
     return x.reshape(B, N, C, nh, H, d).permute(1, 0, 4, 2, 3, 5).reshape(N, B, H, C * nh, d)
 
 
-def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64):
+def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, across="loop"):
     """The delta rule over a whole sequence, chunk-parallel; returns (y (B,T,H,d_v), h_T (B,H,d_k,d_v)).
 
     q (B,T,H,d_k); k (B,T,nh,H,d_k); v (B,T,nh,H,d_v); beta (B,T,nh,H); with nh = 1 the nh axis
     may be left out. log_gamma (B,T,H) <= 0 decays the memory once per token before its updates
     (None: no decay); h_0 (B,H,d_k,d_v) defaults to zeros. The readout is y_t = H_t^T q_t with no
     scale, and k is used as given (the mixer L2-normalizes it). chunk_size changes only rounding;
-    padded tokens carry beta = 0 and gamma = 1, the identity.
+    padded tokens carry beta = 0 and gamma = 1, the identity. Half-precision inputs are computed
+    in float32 and the results cast back. `across` picks how the chunk-to-chunk affine maps are
+    chained: "loop" (one batched matmul a chunk) or "scan" (log-depth doubling, more arithmetic
+    in fewer, larger launches).
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
     if not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if across not in ("loop", "scan"):
+        raise ValueError(f"across must be 'loop' or 'scan', got {across!r}")
     B, T, nh, H, d_k = k.shape
     d_v = v.shape[-1]
+    out_dtype = q.dtype
+    if out_dtype in (torch.float16, torch.bfloat16):  # the triangular solve needs float32
+        q, k, v, beta = (x.float() for x in (q, k, v, beta))
+        log_gamma = None if log_gamma is None else log_gamma.float()
+        h_0 = None if h_0 is None else h_0.float()
     h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
     if T == 0:
-        return q.new_zeros(B, 0, H, d_v), h
+        return q.new_zeros(B, 0, H, d_v).to(out_dtype), h.to(out_dtype)
     C = min(chunk_size, T)
     N = -(-T // C)
     M = C * nh
@@ -151,16 +163,28 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64):
     Qt = Qh - read @ W                                   # y = Qt H_start + Y0
     Y0 = read @ U0
 
-    A, Bc = A.reshape(N, B * H, d_k, d_k), Bc.reshape(N, B * H, d_k, d_v)
-    h = h.reshape(B * H, d_k, d_v)
-    starts = []
-    for n in range(N):
-        starts.append(h)
-        h = torch.baddbmm(Bc[n], A[n], h)
-    Hs = torch.stack(starts).view(N, B, H, d_k, d_v)
+    if across == "scan":
+        after = scans.matrix_recurrence(A.transpose(0, 1), Bc.transpose(0, 1), h)  # (B,N,H,d_k,d_v)
+        Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)
+        h = after[:, -1]
+    else:
+        Hs, h = _chunk_loop(A, Bc, h)
     y = Qt @ Hs + Y0                                     # (N,B,H,C,d_v)
     y = y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
-    return y, h.view(B, H, d_k, d_v)
+    return y.to(out_dtype), h.to(out_dtype)
+
+
+def _chunk_loop(A, Bc, h):
+    """States at every chunk start, (N,B,H,d_k,d_v), and the final state, by H <- A_n H + Bc_n."""
+    N, B, H, d_k, d_v = Bc.shape
+    # unbind, not A[n]: the backward of N separate selects would fill N full-size zero gradients
+    As, Bcs = A.reshape(N, B * H, d_k, d_k).unbind(0), Bc.reshape(N, B * H, d_k, d_v).unbind(0)
+    h = h.reshape(B * H, d_k, d_v)
+    starts = []
+    for A_n, Bc_n in zip(As, Bcs):
+        starts.append(h)
+        h = torch.baddbmm(Bc_n, A_n, h)
+    return torch.stack(starts).view(N, B, H, d_k, d_v), h.view(B, H, d_k, d_v)
 
 
 class DeltaMinGRU(DecayMixin, nn.Module):

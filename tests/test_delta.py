@@ -29,11 +29,10 @@ def _inputs(B, T, H, d_k, d_v, nh, gated, seed=0):
     return [q, k, v, beta, h_0] + ([log_gamma] if gated else [])
 
 
-def _call(fn, chunk_size=None):
+def _call(fn, **options):
     """fn over the flat input list _inputs builds (log_gamma last, when there is one)."""
     def run(q, k, v, beta, h_0, log_gamma=None):
-        extra = {} if chunk_size is None else {"chunk_size": chunk_size}
-        return fn(q, k, v, beta, log_gamma=log_gamma, h_0=h_0, **extra)
+        return fn(q, k, v, beta, log_gamma=log_gamma, h_0=h_0, **options)
     return run
 
 
@@ -44,10 +43,12 @@ def test_chunked_equals_recurrent_with_gradients(chunk_size, nh, gated):
     inputs = _inputs(2, 13, 3, 5, 4, nh, gated)          # T = 13 is no multiple of 4 or 5
     g = torch.Generator().manual_seed(1)
     cot = [torch.randn(2, 13, 3, 4, generator=g, dtype=f64), torch.randn(2, 3, 5, 4, generator=g, dtype=f64)]
-    got, got_grads = outputs_and_grads(_call(delta_rule_chunked, chunk_size), inputs, cot)
     want, want_grads = outputs_and_grads(_call(delta_rule_recurrent), inputs, cot)
-    for a, b in zip(got + got_grads, want + want_grads):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    for across in ("loop", "scan"):
+        got, got_grads = outputs_and_grads(_call(delta_rule_chunked, chunk_size=chunk_size, across=across),
+                                           inputs, cot)
+        for a, b in zip(got + got_grads, want + want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=across)
 
 
 def test_nh_axis_may_be_left_out_at_nh_1():
@@ -134,6 +135,8 @@ def test_bad_input_names_the_argument():
         delta_rule_chunked(q, k, v, beta, log_gamma=torch.zeros(2, 5, 1, dtype=f64))
     with pytest.raises(ValueError, match="chunk_size"):
         delta_rule_chunked(q, k, v, beta, chunk_size=0)
+    with pytest.raises(ValueError, match="across"):
+        delta_rule_chunked(q, k, v, beta, across="tree")
     with pytest.raises(TypeError, match="q must be a floating-point"):
         delta_rule_chunked(q.long(), k, v, beta)
 
