@@ -107,6 +107,12 @@ def test_compiles_without_graph_breaks():
     want_y, want_h = m(x, return_state=True)
     torch.testing.assert_close(y, want_y)
     torch.testing.assert_close(h, want_h)
+    # the gated core and the scan chaining (decay's CPU-only delta_t inspection is host-side)
+    inputs = _inputs(2, 9, 2, 4, 4, 2, True)
+    run = _call(delta_rule_chunked, chunk_size=4, across="scan")
+    y, h = torch.compile(run, fullgraph=True, backend="aot_eager")(*inputs)
+    for a, b in zip((y, h), run(*inputs)):
+        torch.testing.assert_close(a, b)
 
 
 def test_bad_input_names_the_argument():
