@@ -9,8 +9,9 @@ one generalized Householder update (nh = 1 is DeltaNet, nh > 1 is DeltaProduct):
 
 `delta_rule_recurrent` runs this token by token (the oracle, and `step`); `delta_rule_chunked`
 computes the same function chunk by chunk in the WY form: within a chunk of C tokens
-(M = C nh micro-steps) the pseudo-values u_i = v_i - (P_i H_0)^T k_i solve one unit lower
-triangular system (the UT transform), every chunk at once, so that the chunk maps its start state
+(M = C nh micro-steps) the pseudo-values u_i = v_i - (gamma_i H_{i-1})^T k_i (what micro-step i
+writes) solve one unit lower triangular system (the UT transform), every chunk at once, so that
+the chunk maps its start state
 affinely, H_end = A H_start + B with A (d_k x d_k). Only the chaining of these maps is sequential
 over chunks (a loop, or a log-depth scan).
 """
@@ -197,7 +198,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     (one rate per head when learnable) scales the carried memory once per token, before its
     updates. `forward` runs `delta_rule_chunked`; `step` runs one token of the recurrence.
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
-    (B, n_heads d_k d_v) in `step`.
+    (B, n_heads d_k d_v) in `step`. There is no Triton kernel here: every MINGRU_SCAN mode runs
+    the same torch code, which `torch.compile` takes whole.
     """
 
     carries_matrix_state = True
@@ -217,7 +219,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         self.n_heads, self.nh, self.chunk_size = n_heads, nh, chunk_size
         self.d_k = hidden_size // n_heads if d_k is None else d_k
         self.d_v = self.d_k if d_v is None else d_v
-        # Created in this order so that a seeded model draws the same initial weights as the seed.
+        # Created in mingru-scans' order, so one torch.manual_seed gives both the same weights.
         self.linear_q = nn.Linear(input_size, n_heads * self.d_k, bias=bias)
         self.linear_k = nn.ModuleList(nn.Linear(input_size, n_heads * self.d_k, bias=bias)
                                       for _ in range(nh))
