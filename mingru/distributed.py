@@ -16,6 +16,7 @@ h0 = carry (the kernel's fused start state), and the states never exceed their o
 import contextlib
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -137,8 +138,23 @@ def product(A):
     return A[:, 0]
 
 
+class Simulated(NamedTuple):
+    """A stand-in group for cost models: this process plays `rank` of `world`, and every other rank's
+    message is a copy of its own. Nothing is communicated; the arithmetic is a real rank's."""
+    rank: int
+    world: int
+
+
+def _rank_world(group):
+    if isinstance(group, Simulated):
+        return group.rank, group.world
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
 def _gather(x, group):
     """All ranks' copies of x, rank order; the only collective this module calls."""
+    if isinstance(group, Simulated):
+        return [x] * group.world
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return parts
@@ -198,7 +214,7 @@ class _Sharded(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, group, grad_on, *args):
-        kind, rank = KINDS[name], dist.get_rank(group)
+        kind, (rank, _) = KINDS[name], _rank_world(group)
         _check_agree(name, _gather(_metadata(name, args, grad_on), group))
         leaves = [None if x is None else x.detach().requires_grad_(grad_on and x.requires_grad) for x in args]
         acc = _acc_dtype(args[0].dtype)
@@ -226,7 +242,7 @@ class _Sharded(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_h):
-        kind, rank, world = KINDS[ctx.name], dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
+        kind, (rank, world) = KINDS[ctx.name], _rank_world(ctx.group)
         h, carry = ctx.h, ctx.carry
         state = h[:, -1]
         if rank > 0:
@@ -251,7 +267,7 @@ def _route(group, name, *args):
         raise RuntimeError(f"sequence_parallel: {name} has no sequence-parallel form; inside the context "
                            f"only the states-only ops run ({', '.join(KINDS)})")
     with _routed(None):  # the local scans below are ordinary calls
-        if dist.get_world_size(group) == 1:
+        if _rank_world(group)[1] == 1:
             return getattr(ops, name)(*args)
         grad_on = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
         return _Sharded.apply(name, group, grad_on, *args)
@@ -271,10 +287,10 @@ def sequence_parallel(group=None):
     """Inside, every states-only op (and so every mixer) treats its input as this rank's time slice.
 
     Ranks hold consecutive slices in rank order (any lengths >= 1); h0 is read on rank 0 only, and
-    the h0 copies passed on other ranks receive zero gradient. Projections stay local; each scan
+    the h0 copies passed on other ranks receive no gradient. Projections stay local; each scan
     call exchanges payload_bytes with the group (gloo for CPU tensors, NCCL for CUDA ones).
     """
-    if not dist.is_available() or not dist.is_initialized():
+    if not isinstance(group, Simulated) and not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("sequence_parallel: torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first")
     with _routed(functools.partial(_route, group)):

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from mingru import distributed
 from mingru.bench import cases
 from mingru.bench.parity import failure
-from mingru.bench.timing import Progress, median_us, scan_impl
+from mingru.bench.timing import Progress, median_us
 
 NAME, SUBJECT = "scaling", "subject"
 SUBJECTS = ("MinGRU", "GivensMinGRU[fused]")
@@ -23,12 +23,14 @@ DIMS, QUICK_DIMS = dict(B=4, d=256), dict(B=1, d=4)
 T_PER_RANK, QUICK_T_PER_RANK = 16384, 8
 RANKS, QUICK_RANKS = (1, 2, 4, 8), (1, 2)
 NEEDS = "needs >= 2 GPUs"
+REPS = 15
 METHOD = ("One forward + backward of a mixer whose input is sharded along T (sequence_parallel), "
-          "float32, Triton kernels. multi-GPU rows: NCCL, one process per GPU, the median of the "
-          "slowest rank's time; weak: T_rank fixed, strong: T_total fixed; bytes: what one rank "
-          "hands to all_gather per step (metadata + aggregates + carry gradients). model rows "
-          "(one device, no communication): local_us = the step on T_total/P steps, fold_us = P "
-          "aggregates folded into a carry and back, model_us = their sum.")
+          "float32, MINGRU_SCAN=auto (Triton on CUDA). multi-GPU rows: NCCL, one process per GPU, "
+          "the slowest rank's median; weak: T_rank fixed, strong: T_total fixed; bytes_per_rank: what "
+          "one rank hands to all_gather per step (metadata + aggregates + carry gradients). model "
+          "rows (one device, no communication): local_us = the plain step on T_total/P steps, "
+          "rank_us = that slice as the last of P simulated ranks (zero-state scan, fold, fix-up or "
+          "rerun, both folds), model_speedup = local_us at P=1 / rank_us.")
 
 
 def free_port():
@@ -139,26 +141,9 @@ def _step(name, dims, device):
     return lambda: cases.forward_backward(job, (cot,)), job.leaves
 
 
-def fold_us(name, dims, ranks, device):
-    """Time of folding `ranks` simulated aggregates into a carry (forward) and back (backward)."""
-    kind = distributed.KINDS["parallel_scan_log" if name == "MinGRU" else "rotation_recurrence"]
-    B, d, k = dims["B"], dims["d"], dims.get("k", 8)
-    shape = (B, d) if name == "MinGRU" else (B, d // k, k)
-    P = [torch.rand(shape + (() if name == "MinGRU" else (k,)), device=device) for _ in range(ranks)]
-    Q = [torch.rand(shape, device=device) for _ in range(ranks)]
-
-    def fold():
-        carry = Q[0]
-        for s in range(1, ranks):
-            carry = kind.apply(P[s], carry) + Q[s]
-        back = torch.zeros_like(carry)
-        for s in range(ranks - 1, 0, -1):
-            back = Q[s] + kind.apply_t(P[s], back)
-        return carry, back
-    return median_us(fold, device)
-
-
 def model_rows(device, quick, keep):
+    """Per P: the plain step on T_total/P steps, and the same slice run as the last of P simulated
+    ranks (fix-up or rerun, both folds; the messages are copies, nothing is sent)."""
     dims, t_rank, ranks = (QUICK_DIMS, QUICK_T_PER_RANK, QUICK_RANKS) if quick else (DIMS, T_PER_RANK, RANKS)
     total = t_rank * max(ranks)
     todo = [(name, P) for name in SUBJECTS if keep(name) for P in ranks]
@@ -170,12 +155,34 @@ def model_rows(device, quick, keep):
         try:
             step, leaves = _step(name, run_dims, device)
             local = median_us(step, device, grad_to_none=leaves)
-            fold = fold_us(name, run_dims, P, device) if P > 1 else 0.0
-            rows.append({**row, "local_us": local, "fold_us": fold, "model_us": local + fold,
-                         "ns_per_token": 1e3 * (local + fold) / (dims["B"] * total), "status": "ok"})
+            with distributed.sequence_parallel(distributed.Simulated(P - 1, P)):
+                rank = median_us(step, device, grad_to_none=leaves)
+            rows.append({**row, "local_us": local, "rank_us": rank,
+                         "ns_per_token": 1e3 * rank / (dims["B"] * total), "status": "ok"})
         except Exception as exc:  # noqa: BLE001  (an out-of-memory becomes a row)
             rows.append({**row, "status": failure(exc)})
+    one = {r["subject"]: r["local_us"] for r in rows if r.get("ranks") == 1 and r["status"] == "ok"}
+    for r in rows:
+        if r["status"] == "ok" and r["subject"] in one:
+            r["model_speedup"] = one[r["subject"]] / r["rank_us"]
     return rows
+
+
+def _collective_us(step, leaves, reps=REPS):
+    """Median of `reps` timed steps, the same count on every rank (an adaptive rep count, as in
+    do_bench, could differ between ranks and leave a collective waiting)."""
+    times = []
+    for _ in range(reps):
+        for x in leaves:
+            x.grad = None
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[reps // 2]
 
 
 def _scaling_worker(rank, world, name, dims, case, path):
@@ -189,12 +196,12 @@ def _scaling_worker(rank, world, name, dims, case, path):
     device = torch.device("cuda", rank)
     T_rank = dims["T"] // world if case == "strong" else dims["T"]
     step, leaves = _step(name, {**dims, "T": T_rank}, device)
-    with scan_impl("triton"), distributed.sequence_parallel():
+    with distributed.sequence_parallel():
         step()
         counted.clear()
         step()
         sent = sum(counted)
-        us = torch.tensor(median_us(step, device, grad_to_none=leaves), device=device)
+        us = torch.tensor(_collective_us(step, leaves), device=device)
     dist.all_reduce(us, op=dist.ReduceOp.MAX)
     if rank == 0:
         torch.save({"time_us": us.item(), "T_rank": T_rank, "T_total": T_rank * world,
@@ -230,7 +237,7 @@ def measure(device, quick, env, keep=lambda name: True):
 
 def summarize(rows, env):
     return {"method": METHOD,
-            "columns": ["case", "subject", "ranks", "T_total", "T_rank", "B", "d", "local_us", "fold_us",
-                        "model_us", "time_us", "ns_per_token", "bytes_per_rank", "status"],
+            "columns": ["case", "subject", "ranks", "T_total", "T_rank", "B", "d", "local_us", "rank_us",
+                        "model_speedup", "time_us", "ns_per_token", "bytes_per_rank", "status"],
             "notes": [METHOD] + [f"{r['case']} {r['subject']}: {NEEDS}" for r in rows
                                  if r.get("status") == NEEDS]}
