@@ -241,3 +241,26 @@ def summarize(rows, env):
                         "model_speedup", "time_us", "ns_per_token", "bytes_per_rank", "status"],
             "notes": [METHOD] + [f"{r['case']} {r['subject']}: {NEEDS}" for r in rows
                                  if r.get("status") == NEEDS]}
+
+
+def figure(data):
+    """Time per token against ranks: the one-device model, and the NCCL runs where measured."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    model, measured = fig.subplots(1, 2)
+    for case, ax in (("model", model), ("weak", measured), ("strong", measured)):
+        for name in SUBJECTS:
+            pts = sorted((r["ranks"], r["ns_per_token"]) for r in data["rows"]
+                         if r.get("case") == case and r.get("subject") == name and r.get("status") == "ok")
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{name} {case}" if case != "model" else name)
+    gpu = data["env"].get("gpu") or "CPU smoke run"
+    model.set(xscale="log", yscale="log", xlabel="ranks P", ylabel="ns per token (slowest rank)",
+              title=f"model: one rank's share, no communication ({gpu})")
+    measured.set(xscale="log", yscale="log", xlabel="ranks P (GPUs)", ylabel="ns per token",
+                 title="NCCL, weak and strong scaling" if measured.lines else NEEDS)
+    for ax in (model, measured):
+        if ax.lines:
+            ax.legend(fontsize=8)
+    return fig
