@@ -256,9 +256,9 @@ class _Sharded(torch.autograd.Function):
         grad = grad_h.clone()
         grad[:, -1] += later.to(grad.dtype)
         wanted = [x for x in ctx.leaves if x is not None and x.requires_grad] + ([carry] if rank > 0 else [])
-        grads = iter(torch.autograd.grad(h, wanted, grad, allow_unused=True))
+        # the local graph lives as long as ctx, so a retained outer graph can run backward again
+        grads = iter(torch.autograd.grad(h, wanted, grad, allow_unused=True, retain_graph=True))
         out = [next(grads) if x is not None and x.requires_grad else None for x in ctx.leaves]
-        ctx.h = ctx.leaves = ctx.carry = None
         return (None, None, None, *out)
 
 

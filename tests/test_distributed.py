@@ -125,3 +125,29 @@ def test_product_matches_a_loop():
     for t in range(5):
         want = A[:, t] @ want
     torch.testing.assert_close(distributed.product(A), want)
+
+
+@pytest.mark.parametrize("name", list(OP_DIMS))
+def test_simulated_last_rank_starts_from_the_carry(name, eager_mode):
+    """As rank 1 of 2 whose rank 0 sent a copy of rank 1's own message, the carry is rank 1's own
+    zero-state end state: the output is op(inputs, h0 = that state), and with no later rank the
+    gradients are those of the op with that start state held fixed (it came from another rank)."""
+    torch.manual_seed(0)
+    args = [None if x is None else x.double() for x in scaling.cases.op_inputs(name, {**OP_DIMS[name], "T": 5})]
+    op = getattr(scaling.cases.mingru, name)
+    time_args = args[:-1] if name in scaling.H0_OPS else args
+    if name == "parallel_scan_log":
+        start = torch.full_like(args[1][:, :1], float("-inf"))
+        end = op(args[0], torch.cat([start, args[1][:, 1:]], 1))[:, -1]
+        want = lambda lc, lv: op(lc, torch.cat([end.log().unsqueeze(1), lv[:, 1:]], 1))  # noqa: E731
+    else:
+        end = op(*time_args, *([None] if name in scaling.H0_OPS else []))[:, -1]
+        want = lambda *xs: op(*xs, end)  # noqa: E731
+    group = distributed.Simulated(1, 2)
+    sharded = lambda *xs: getattr(distributed, name)(*xs, *args[len(time_args):], group=group)  # noqa: E731
+    inputs = [x.detach().requires_grad_() for x in time_args]
+    out = sharded(*inputs)
+    torch.testing.assert_close(out, want(*time_args))
+    cot = torch.randn_like(out)
+    for got, expected in zip(torch.autograd.grad(out, inputs, cot), torch.autograd.grad(want(*inputs), inputs, cot)):
+        torch.testing.assert_close(got, expected)
