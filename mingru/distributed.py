@@ -8,10 +8,11 @@ mirror image: each rank sends the gradient D_r of its carry-in, and folds the la
 reverse, E_r = D_{r+1} + P_{r+1}^T E_{r+1}; E_r is the gradient on its last state from later ranks.
 Nothing sent grows with T: see payload_bytes.
 
-Fix-up, not rerun, for the diagonal ops: h_t = h^0_t + (a_1 ... a_t) c costs a cumulative product
-of one number per lane and step, and makes D_r a sum instead of a second backward scan. Rerun for
-the matrix ops: their prefix products would be k x k per step, so the local scan runs again with
-h0 = carry (the kernel's fused start state), and the states never exceed their own size.
+Rank 0 scans once, from h0. On the others, fix-up, not rerun, for the diagonal ops:
+h_t = h^0_t + (a_1 ... a_t) c costs a cumulative product of one number per lane and step and makes
+D_r a weighted sum instead of a second backward scan. Rerun for the matrix ops: their prefix
+products would be k x k per step, so the local scan runs again with h0 = carry (the kernel's fused
+start state) and nothing larger than the states is kept. Every rank needs a slice of >= 1 step.
 """
 import contextlib
 import functools
@@ -21,8 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from mingru import ops, scans
-from mingru import dispatch
+from mingru import dispatch, ops, scans
 
 META_LEN = 20  # int64 slots of the per-call metadata each rank sends before the aggregates
 
@@ -206,7 +206,6 @@ def _check_agree(name, metas):
                 raise ValueError(f"sequence_parallel {name}: ranks disagree on {what}: rank 0 has "
                                  f"{show(rows[0])}, rank {rank} has {show(row)}; every rank must call "
                                  "the same op on its own time slice of the same batch")
-    return [row[3] for row in rows]
 
 
 class _Sharded(torch.autograd.Function):
@@ -266,8 +265,12 @@ def _route(group, name, *args):
     if name not in KINDS:
         raise RuntimeError(f"sequence_parallel: {name} has no sequence-parallel form; inside the context "
                            f"only the states-only ops run ({', '.join(KINDS)})")
+    rank, world = _rank_world(group)
+    if rank < 0:
+        raise ValueError("sequence_parallel: this process is not a member of `group`; pass a group "
+                         "that every rank holding a slice belongs to")
     with _routed(None):  # the local scans below are ordinary calls
-        if _rank_world(group)[1] == 1:
+        if world == 1:
             return getattr(ops, name)(*args)
         grad_on = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
         return _Sharded.apply(name, group, grad_on, *args)
