@@ -29,6 +29,12 @@ TRITON_IMPLS = {
 }
 
 
+# Set by mingru.distributed.sequence_parallel: a callable (name, *args) that runs a states-only op
+# on this rank's time slice. None (the default) leaves dispatch alone. A plain global, not a
+# ContextVar: torch.compile traces a global read, a ContextVar.get breaks the graph.
+sequence_parallel_route = None
+
+
 class ScanFallback(Exception):
     """Raised by a Triton implementation to decline a call (input outside its envelope)."""
 
@@ -73,6 +79,8 @@ def _warn_once(name, reason):
 
 def dispatch(name, eager, *args):
     """Run op `name` on `args` with the implementation MINGRU_SCAN selects."""
+    if sequence_parallel_route is not None:
+        return sequence_parallel_route(name, *args)
     mode = scan_mode()
     if mode == "eager":
         return eager(*args)
