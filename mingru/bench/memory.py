@@ -4,8 +4,9 @@ import gc
 import torch
 
 from mingru.bench import cases
-from mingru.bench.parity import SKIPPED, failure
-from mingru.bench.timing import Progress, scan_impl
+from mingru.bench.parity import SKIPPED
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import failure, scan_impl
 
 NAME, SUBJECT = "scan_memory", "mixer"
 LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
@@ -63,10 +64,8 @@ def measure(device, quick, env, keep=lambda name: True):
     todo = [("lab", name, lab) for name in (QUICK_LAB_MIXERS if quick else LAB_MIXERS)]
     todo += [("vs-T", name, {**lab, "B": B, "T": T}) for name in mixers for T in Ts]
     todo = [(case, name, dims, impl) for case, name, dims in todo if keep(name) for impl in impls]
-    progress = Progress("memory", len(todo))
     rows = []
-    for case, name, dims, impl in todo:
-        progress(f"{name} {cases.label(dims)} {impl}")
+    for case, name, dims, impl in Sweep("memory", todo, lambda c: f"{c[1]} {cases.label(c[2])} {c[3]}"):
         row = {"case": case, "mixer": name, "impl": impl, **dims}
         try:
             rows.append({**row, **peak(name, dims, impl, device), "status": "ok"})

@@ -1,7 +1,13 @@
-"""How the harnesses time things and pick the implementation: one place for both."""
+"""How the harnesses pick the implementation, check a call against its reference, time it, and
+measure its memory: one protocol for ours and every competitor.
+
+It imports torch and the standard library alone, so the seed's runner (a separate process whose
+`mingru` is the seed) loads this file by path and measures the seed exactly as we measure ours.
+"""
 import contextlib
+import gc
+import math
 import os
-import sys
 import time
 
 import torch
@@ -67,17 +73,83 @@ def kernel_us(fn, device, grad_to_none=(), reps=20):
     return total / reps if total > 0 else None
 
 
-class Progress:
-    """Stderr lines '[speed 3/40 0:12] linear_scan B128-T64-D64' for long sweeps, at most ~50 a sweep."""
+def peak_mb(fn, device):
+    """Peak CUDA memory of one `fn()` above what was allocated before it, in MiB, after a warm-up
+    call (kernels compiled, caches filled); None on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    fn()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
-    def __init__(self, name, total):
-        self.name, self.total, self.done, self.start = name, total, 0, time.monotonic()
-        self.every = max(1, total // 50)
 
-    def __call__(self, what):
-        self.done += 1
-        if self.done % self.every and self.done != self.total:
-            return
-        elapsed = int(time.monotonic() - self.start)
-        print(f"[{self.name} {self.done}/{self.total} {elapsed // 60}:{elapsed % 60:02d}] {what}",
-              file=sys.stderr, flush=True)
+def gate(out, grad, out_normwise=False, grad_normwise=False, why=""):
+    """A tolerance: `out` and `grad` are (atol, rtol); normwise scales rtol by a tensor's largest entry."""
+    return {"out": out, "grad": grad, "out_normwise": out_normwise, "grad_normwise": grad_normwise, "why": why}
+
+
+def max_err(got, want):
+    """Largest |got - want| over paired tensors (pairs with a None skipped), in float64."""
+    errs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got, want)
+            if g is not None and w is not None and g.numel()]
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
+
+
+def within(got, want, atol, rtol, normwise=False):
+    """|got - want| <= atol + rtol |want| everywhere (normwise: rtol times the largest |want| of the
+    tensor), NaN counting as a failure. A None gradient (autograd's "unused") equals a zero tensor."""
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            if not all(x is None or not bool(x.any()) for x in (g, w)):
+                return False
+            continue
+        g, w = g.double(), w.double()
+        scale = w.abs().max() if normwise and w.numel() else w.abs()
+        if not bool(((g - w).abs() <= atol + rtol * scale).all()):
+            return False
+    return True
+
+
+def agrees(got, want, tol):
+    """(ok, max abs error) of (outputs, grads) against the reference (outputs, grads) under a gate."""
+    err = max(max_err(got[0], want[0]), max_err(got[1], want[1]))
+    ok = (within(got[0], want[0], *tol["out"], normwise=tol.get("out_normwise", False))
+          and within(got[1], want[1], *tol["grad"], normwise=tol.get("grad_normwise", False)))
+    return ok, err
+
+
+def wrong(err, against):
+    """The one status of a competitor that disagrees with its reference."""
+    return f"wrong: max abs error {err:.2e} vs {against}"
+
+
+def failure(err):
+    """A short status for an exception: fallback when the kernel declined, else failed."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if "MINGRU_SCAN=triton" in text:
+        return "fallback: " + text.split("cannot run its kernel: ")[-1][:160]
+    return f"failed: {type(err).__name__}: {text[:160]}"
+
+
+def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_time=True, against="float64"):
+    """Run `compute()` -> (outputs, grads), compare with `want` under `tol`, then time `step()`.
+
+    Returns {'us': wall µs (median), 'gpu_us': GPU µs (profiler trace; None on a CPU or when not
+    asked), 'err': max abs error, 'status'}. A wrong answer or an exception is a status, never a time.
+    """
+    try:
+        ok, err = agrees(compute(), want, tol)
+        if not ok:
+            return {"us": None, "gpu_us": None, "err": err, "status": wrong(err, against)}
+        gpu = kernel_us(step, device, leaves) if gpu_time else None
+        return {"us": median_us(step, device, leaves, reps), "gpu_us": gpu, "err": err, "status": "ok"}
+    except Exception as exc:  # noqa: BLE001  (compile errors, declined kernels, OOM: each becomes a row)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return {"us": None, "gpu_us": None, "err": None, "status": failure(exc)}
