@@ -12,6 +12,8 @@ their rows into an existing file from the same GPU. `make reproduce` never uses 
 """
 import argparse
 import importlib
+import sys
+import time
 from pathlib import Path
 
 HARNESSES = ("speed", "roofline", "memory", "parity", "peers", "layout", "precision", "seed", "layer",
@@ -39,10 +41,11 @@ def refusal(names, quick, out, has_gpu):
     return None
 
 
-def run(which, quick=False, out=None, only=None, budgets=None):
+def run(which, quick=False, out=None, only=None, budgets=None, env=None):
     """Run harnesses ('all', a name, or names joined by commas); return the paths written.
 
     budgets: {harness: seconds}; past its budget a harness stops and its result says what it left out.
+    env: the environment record to store (default: measured now), so one run's files share one.
     """
     import torch
 
@@ -56,12 +59,14 @@ def run(which, quick=False, out=None, only=None, budgets=None):
         raise ValueError(why)
     progress.BUDGETS.update(budgets or {})
     gpu = torch.device("cpu" if quick else "cuda")
-    env = environment.environment(gpu if any(n not in CPU_HARNESSES for n in names) else torch.device("cpu"),
-                                  smoke=quick)
+    if env is None:
+        cpu_only = all(n in CPU_HARNESSES for n in names)
+        env = environment.environment(torch.device("cpu") if cpu_only else gpu, smoke=quick)
     paths = [report.write_env(out, env)]
     wanted = [w.strip() for w in only.split(",")] if only else None
     keep = (lambda name: any(w in name for w in wanted)) if wanted else (lambda name: True)
     for name in names:
+        start = time.monotonic()
         module = _module(name)
         device = torch.device("cpu") if name in CPU_HARNESSES else gpu
         rows = module.measure(device, quick, env, keep)
@@ -76,6 +81,7 @@ def run(which, quick=False, out=None, only=None, budgets=None):
             meta["notes"].append(f"--only {only}: merged with the other rows of earlier runs ({', '.join(merged)})")
         paths += report.write(out, module.NAME, env, rows, meta)
         paths += plots.draw(module.NAME, out)
+        print(f"{name}: {len(rows)} rows in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return paths
 
 

@@ -11,7 +11,7 @@ import copy
 import torch
 
 import mingru
-from mingru.bench import cases, places, seed, seed_runner, timing
+from mingru.bench import cases, places, seed, seed_runner, timing, warm
 from mingru.bench.progress import Sweep
 
 NAME, SUBJECT = "layer", "competitor"
@@ -20,6 +20,7 @@ QUICK_SHAPES = ((2, 8, 8),)
 TOLERANCE = timing.gate((1e-3, 1e-3), (1e-2, 1e-2), True, True,
                         "float32 layer against its float64 copy, normwise (weight gradients sum B*T terms)")
 OURS = "ours MinGRU (auto)"
+WARM = {"seconds": 0.0}  # time the compile pool spent on the compiled competitors before the sweep
 GOAL = "ours (auto) GPU clock <= lucidrains compiled and <= half of lucidrains eager"
 
 
@@ -103,6 +104,9 @@ def measure(device, quick, env, keep=lambda name: True):
         for (B, T, d), got in zip(shapes, theirs or [{"status": version}] * len(shapes)):
             rows.append({"competitor": "seed MinGRU (auto)", "B": B, "T": T, "d": d, **_cols(got)})
     todo = [(name, shape) for shape in shapes for name in entries]
+    compiled = [(*entries[n], *shape, device, reps) for n, shape in todo
+                if not isinstance(entries[n], str) and entries[n][2]]
+    WARM["seconds"] = warm.warm("mingru.bench.layer:step_row", compiled, warm.default_workers(device))
     for name, (B, T, d) in Sweep("layer", todo, lambda c: f"{c[0]} B{c[1][0]}-T{c[1][1]}-d{c[1][2]}"):
         entry = entries[name]
         got = {"status": entry} if isinstance(entry, str) else step_row(*entry, B, T, d, device, reps)
@@ -140,6 +144,7 @@ def summarize(rows, env):
     return {
         "goal": GOAL,
         "tolerance": TOLERANCE,
+        "compile_pool_s": WARM["seconds"],
         "columns": ["competitor", "B", "T", "d", "us", "gpu_us", "peak_mb", "vs_lucidrains_compiled_x",
                     "vs_lucidrains_eager_x", "vs_gru_x", "vs_seed_x", "meets_goal", "status"],
         "notes": ["one training step: forward + backward of a random cotangent into .grad, float32; us = wall "

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import mingru
-from mingru.bench import cases, places, seed_runner, timing
+from mingru.bench import cases, places, progress, seed_runner, timing
 from mingru.bench.progress import Sweep
 
 NAME, SUBJECT = "seed", "op"
@@ -136,7 +136,8 @@ def measure(device, quick, env, keep=lambda name: True):
     mixers = [c for c in mixer_cases(quick) if keep(c[0])]
     jobs = [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
     jobs += [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
-    theirs, version = run_seed(jobs, device)
+    budget = progress.BUDGETS.get(NAME)
+    theirs, version = run_seed(jobs, device, 2 * budget if budget else RUNNER_TIMEOUT_S)
     VERSION["seed"] = version if theirs is not None else None
     if theirs is None:
         theirs = [{"status": version}] * len(jobs)

@@ -6,12 +6,13 @@ is a status, never a number.
 """
 import torch
 
-from mingru.bench import cases
+from mingru.bench import cases, warm
 from mingru.bench.parity import SKIPPED, gate
 from mingru.bench.progress import Sweep
 from mingru.bench.timing import check_then_time, median_us, scan_impl
 
 NAME, SUBJECT = "scan_bench", "op"
+WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
 SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
 QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
@@ -23,7 +24,8 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 # inductor takes tens of seconds per subject and direction, which a 10-minute device call cannot
 # spend on every mixer.
 COMPILED = ("linear_scan", "parallel_scan_log", "matrix_scan", "matrix_affine_scan")
-NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops)"
+COMPILED_SHAPE = "lab"
+NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops at the lab shape)"
 
 
 def subjects(width, k=8, layers=6):
@@ -61,7 +63,7 @@ def competitor(job, fn, cot, want, g, mode, device, reps, gpu_time=False):
 def measure_subject(name, dims, shape, device, quick, env, backend):
     job = cases.make(name, dims, torch.float32, device)
     g = gate(name, torch.float32)
-    compiled = _compiled(job.fn, backend) if name in COMPILED or quick else None
+    compiled = _compiled(job.fn, backend) if (name in COMPILED and shape == COMPILED_SHAPE) or quick else None
     reps = 1 if quick else 3
     triton_ok = cases.kernels_run(device, env)
     rows = []
@@ -112,9 +114,13 @@ def measure(device, quick, env, keep=lambda name: True):
     todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
             for name, dims in subjects(width, k, layers)
             if keep(name) and (not quick or name in QUICK_SUBJECTS)]
+    backend = compile_backend(device)
+    WARM["seconds"] = warm.warm("mingru.bench.speed:measure_subject",
+                                [(n, d, s, device, quick, env, backend) for n, d, s in todo],
+                                warm.default_workers(device))
     rows = []
     for name, dims, shape in Sweep("speed", todo, lambda c: f"{c[0]} {cases.label(c[1])}"):
-        rows += measure_subject(name, dims, shape, device, quick, env, compile_backend(device))
+        rows += measure_subject(name, dims, shape, device, quick, env, backend)
     return rows
 
 
@@ -124,6 +130,7 @@ def summarize(rows, env):
               for r in rows if r.get("triton_x") is not None and r["triton_x"] < 1]
     return {
         "compile_backend": backend,
+        "compile_pool_s": WARM["seconds"],
         "method": ("median of triton.testing.do_bench (warm-up, CUDA events, L2 flushed between "
                    "reps) on fresh random non-zero float32 inputs; fwd = inference under no_grad, "
                    "fwd+bwd = forward + backward of random cotangents on every output into .grad "
