@@ -175,7 +175,7 @@ def main(argv=None):
         timed(f"notebook {name}", NOTEBOOK_BUDGET_S,
               lambda: run_notebook(key, smoke, out, args.kernel, results_dir), record)
     total = time.monotonic() - start
-    write_record(results_dir, record, total, cache, env, keys)
+    write_record(results_dir, record, total, cache, env, keys, smoke)
     if smoke:
         needs = [f"  [{k}] {NEEDS_GPU[k]}" for k in keys if k in NEEDS_GPU]
         print("needs a GPU (run `make reproduce` there; the smoke run only exercised the code paths):\n"
@@ -189,13 +189,13 @@ def main(argv=None):
     return 0
 
 
-def write_record(results_dir, record, total, cache, env, keys):
+def write_record(results_dir, record, total, cache, env, keys, smoke):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state."""
     from mingru.bench import env as environment
     commit, dirty = environment.git_state()
     data = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
-            "smoke": bool(env and env.get("smoke")), "triton_cache": cache, "chapters": keys,
+            "smoke": smoke, "triton_cache": cache, "chapters": keys,
             "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record}
     path = Path(results_dir) / "reproduce.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from mingru import scans
 from mingru.bench import cases, places
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
-from mingru.bench.timing import check_then_time, gate, scan_impl
+from mingru.bench.timing import check_then_time, failure, gate, scan_impl
 
 NAME, SUBJECT = "peers", "competitor"
 SHAPES = ((128, 64, 64), (16, 1024, 64), (16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024))
@@ -93,18 +93,18 @@ def race(name, entry, B, T, D, device, quick, runnable):
     for row, direction in zip(rows, ("fwd", "fwd+bwd")):
         c = None if direction == "fwd" else cot
         with scan_impl("triton"):
-            try:
-                # A peer may not differentiate some input (chunk_hgrn: h0): say so, compare the rest.
-                skip = [] if c is None else [i for i, gr in enumerate(cases.forward_backward(job, c)[1])
-                                             if gr is None]
-            except Exception:  # noqa: BLE001  (check_then_time below reports the same failure)
-                skip = []
-            kept = lambda grads: tuple(gr for i, gr in enumerate(grads) if i not in skip)  # noqa: E731
             if c is None:
-                compute, want = (lambda: (cases.forward(job)[0], ())), (want_out, ())
+                compute, want, skip = (lambda: (cases.forward(job)[0], ())), (want_out, ()), []
             else:
-                compute = lambda: (lambda o: (o[0], kept(o[1])))(cases.forward_backward(job, c))  # noqa: E731
-                want = (want_out, kept(want_grads))
+                try:
+                    first = cases.forward_backward(job, c)
+                except Exception as exc:  # noqa: BLE001  (a peer that rejects a shape is a row)
+                    out.append({**row, "us": None, "gpu_us": None, "err": None, "status": failure(exc)})
+                    continue
+                # A peer may not differentiate some input (chunk_hgrn: h0): say so, compare the rest.
+                skip = [i for i, gr in enumerate(first[1]) if gr is None]
+                kept = lambda grads: tuple(gr for i, gr in enumerate(grads) if i not in skip)  # noqa: E731
+                compute, want = (lambda: (first[0], kept(first[1]))), (want_out, kept(want_grads))
             got = check_then_time(compute, want, gate(GATE, GATE), lambda: cases.step(job, c), device,
                                   job.leaves if c else (), 1 if quick else 3, against="float64")
         if got["status"] == "ok" and skip:
