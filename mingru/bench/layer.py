@@ -6,11 +6,8 @@ Every competitor is checked against its own float64 copy (eager) on the same inp
 timed; a step is forward + backward of a random cotangent into .grad. Goal for ours (auto): GPU
 clock at most lucidrains' compiled layer's and at most half of its eager layer's.
 """
-import copy
-
 import torch
 
-import mingru
 from mingru.bench import cases, places, seed, seed_runner, timing, warm
 from mingru.bench.progress import Sweep
 
@@ -64,33 +61,12 @@ def _backend(device):
 
 def step_row(build, mode, compiled, B, T, d, device, reps):
     """Check one competitor against its float64 copy, then time and weigh its training step."""
-    job = seed.module_job("layer", B, T, d, reps=reps)
-    torch.manual_seed(job["seed"])
-    module = build(d)
-    reference = copy.deepcopy(module).double().to(device)
-    module = module.to(device)
-    run = module
+    job = {**seed.module_job("layer", B, T, d, mode=mode, reps=reps), "tol": TOLERANCE}
+    wrap = None
     if compiled:
         torch._dynamo.reset()
-        run = torch.compile(module, backend=_backend(device))
-    x = job["x"].to(device)
-    params = tuple(module.parameters())
-    with timing.scan_impl("eager"):
-        x64 = x.double().requires_grad_()
-        ref = seed_runner._outputs(reference(x64))
-        cot = tuple(torch.randn_like(o) for o in ref)
-        want = (tuple(o.detach() for o in ref), torch.autograd.grad(ref, (x64, *reference.parameters()), cot))
-    cot = tuple(c.float() for c in cot)
-    leaf = x.detach().requires_grad_()
-
-    def compute():
-        outs = seed_runner._outputs(run(leaf))
-        return tuple(o.detach() for o in outs), torch.autograd.grad(outs, (leaf, *params), cot)
-    step = lambda: torch.autograd.backward(seed_runner._outputs(run(leaf)), cot)  # noqa: E731
-    with timing.scan_impl(mode):
-        got = timing.check_then_time(compute, want, TOLERANCE, step, device, (leaf, *params), reps)
-        got["peak_mb"] = timing.peak_mb(step, device) if got["status"] == "ok" else None
-    return got
+        wrap = lambda module: torch.compile(module, backend=_backend(device))  # noqa: E731
+    return seed_runner.run_module(None, timing, job, device, lambda j: build(d), wrap)
 
 
 def measure(device, quick, env, keep=lambda name: True):

@@ -57,10 +57,11 @@ def run_op(seed, timing, job, device):
                                   step, device, leaves, job["reps"], job["gpu_time"])
 
 
-def run_module(seed, timing, job, device, build=None):
-    """A mixer's fwd+bwd on the job's input, checked against its own float64 copy (eager).
+def run_module(seed, timing, job, device, build=None, wrap=None):
+    """A layer's fwd+bwd on the job's input, checked against its own float64 copy (eager).
 
-    build(job) makes the module (default: the namespace's class `job['name']` called with job['args']).
+    build(job) makes the module (default: the namespace's class `job['name']` called with job['args']);
+    wrap(module) is what gets called (e.g. torch.compile of it); its parameters are the module's.
     """
     torch = timing.torch
     torch.manual_seed(job["seed"])
@@ -68,8 +69,9 @@ def run_module(seed, timing, job, device, build=None):
     module = build(job) if build else getattr(seed, job["name"])(*job["args"], **job["kwargs"])
     reference = copy.deepcopy(module).double().to(device)
     module = module.to(device, dtype)
-    x = job["x"].to(device)
     params = tuple(module.parameters())
+    module = wrap(module) if wrap else module
+    x = job["x"].to(device)
     with timing.scan_impl("eager"):
         x64 = x.double().requires_grad_()
         ref_out = _outputs(reference(x64))
