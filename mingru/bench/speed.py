@@ -20,9 +20,8 @@ WIDTH, QUICK_WIDTH = 64, 8
 # every subject goes through the same functions, and the interpreter is slow.
 QUICK_SUBJECTS = ("linear_scan", "matrix_affine_scan", "RotationMinGRU[fused]", "RotationMinGRU[generic]")
 DIRECTIONS = ("fwd", "fwd+bwd")
-# torch.compile is measured on the seed's four ops (the 16 rows the kernel issue sets targets on):
-# inductor takes tens of seconds per subject and direction, which a 10-minute device call cannot
-# spend on every mixer.
+# torch.compile is measured on the seed's four ops at the lab shape: inductor spends seconds per
+# subject and direction, which the run's time budget cannot spend on every mixer and shape.
 COMPILED = ("linear_scan", "parallel_scan_log", "matrix_scan", "matrix_affine_scan")
 COMPILED_SHAPE = "lab"
 NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops at the lab shape)"

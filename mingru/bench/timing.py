@@ -53,9 +53,8 @@ def kernel_us(fn, device, grad_to_none=(), reps=20):
     memsets, copies) it launches, summed per call from torch.profiler's CUDA trace and averaged
     over `reps` calls after a warm-up call. Inputs stay warm in L2 between calls.
 
-    Nothing is captured (a failed CUDA-graph capture of an autograd backward once left the CUDA RNG
-    broken for the rest of the process), so it works for any call. None on the CPU or when the trace
-    holds no GPU activity.
+    Nothing is captured into a CUDA graph (a failed capture can leave the CUDA RNG unusable), so it
+    works for any call. None on the CPU or when the trace holds no GPU activity.
     """
     if torch.device(device).type != "cuda":
         return None
