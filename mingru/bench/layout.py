@@ -7,10 +7,7 @@ against T is the cost of one more step. The width sweep holds T and adds rows, t
 time split stops paying. Each forced layout is checked against the automatic one before it is
 timed; bytes = a, b read once + A, Bc written once.
 """
-import torch
-
-from mingru.bench import cases
-from mingru.bench import kernel_hooks
+from mingru.bench import cases, kernel_hooks
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
 from mingru.bench.timing import failure, kernel_us, median_us, scan_impl, within

@@ -1,12 +1,10 @@
 """Memory: peak allocated bytes of a mixer's forward + backward, fused vs generic, Triton vs eager."""
-import gc
-
 import torch
 
 from mingru.bench import cases
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
-from mingru.bench.timing import failure, scan_impl
+from mingru.bench.timing import failure, peak_mb, scan_impl
 
 NAME, SUBJECT = "scan_memory", "mixer"
 LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
@@ -39,22 +37,16 @@ def _step(name, dims, device, saved):
 
 def peak(name, dims, impl, device):
     """{'peak_mb', 'saved_mb'} of one forward + backward of a fresh module and input."""
-    cuda = device.type == "cuda"
-    with scan_impl(impl):
-        _step(name, dims, device, {})  # compiles kernels and fills caches outside the measurement
-        gc.collect()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        saved = {}
+    saved = {}
+
+    def step():
+        saved.clear()  # count the storages of the last step only
         _step(name, dims, device, saved)
-        if cuda:
-            torch.cuda.synchronize()
-            return {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20,
-                    "saved_mb": sum(saved.values()) / 2**20}
-    return {"peak_mb": None, "saved_mb": sum(saved.values()) / 2**20}
+    with scan_impl(impl):
+        mb = peak_mb(step, device)
+        if mb is None:
+            step()
+    return {"peak_mb": mb, "saved_mb": sum(saved.values()) / 2**20}
 
 
 def measure(device, quick, env, keep=lambda name: True):

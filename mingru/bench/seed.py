@@ -7,7 +7,6 @@ clock (kernel durations from a profiler trace), peak memory for the mixers; rati
 Goal: at least 2x the seed by GPU clock and never slower by wall clock (mixers: and peak memory no
 higher). Without .peers/mingru-scans the seed's columns say "not measured".
 """
-import os
 import subprocess
 import sys
 import tempfile
@@ -97,10 +96,9 @@ def run_seed(jobs, device, timeout=RUNNER_TIMEOUT_S):
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "jobs.pt", Path(tmp) / "results.json"
         torch.save({"device": str(device), "jobs": jobs}, spec)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         try:
             done = subprocess.run([sys.executable, str(Path(seed_runner.__file__)), str(places.SEED), str(spec),
-                                   str(out)], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+                                   str(out)], cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None, f"not measured: the seed's runner ran past {timeout} s"
         if done.returncode != 0 or not out.exists():
