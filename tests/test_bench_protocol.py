@@ -32,8 +32,11 @@ def test_quick_never_writes_into_results_and_defaults_to_scratch(capsys):
     assert refusal(("precision",), True, places.SCRATCH, has_gpu=False) is None
     from mingru.bench import default_out
     assert default_out(True) == places.SCRATCH and default_out(False) == places.RESULTS
-    # the CPU column is a CPU measurement: a full run is valid anywhere
-    assert refusal(("layer_cpu",), False, places.RESULTS, has_gpu=False) is None
+    assert default_out(False, has_gpu=False) == places.SCRATCH
+    # the CPU column is a CPU measurement: a full run is valid anywhere, but only a GPU run writes results/
+    assert refusal(("layer_cpu",), False, places.SCRATCH, has_gpu=False) is None
+    assert "nothing writes into results/" in refusal(("layer_cpu",), False, places.RESULTS, has_gpu=False)
+    assert refusal(("layer_cpu", "speed"), False, places.RESULTS, has_gpu=True) is None
 
 
 def test_a_sweep_stops_at_its_budget_and_says_so():

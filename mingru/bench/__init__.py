@@ -4,8 +4,7 @@ Each harness writes <out>/<name>.json (rows + environment: the source of truth),
 figures under <out>/figures; every run also writes <out>/env.json. Without --quick a harness needs
 a CUDA GPU (layer_cpu, the CPU column, runs on any CPU) and writes into results/; --quick is a
 smoke run on tiny shapes (Triton through the interpreter when TRITON_INTERPRET=1) that claims no
-GPU numbers and writes into scratch_out/results/. Nothing run without a GPU ever writes GPU
-result files into results/.
+GPU numbers and writes into scratch_out/results/. Without a GPU nothing writes into results/.
 
 Development only: --only keeps the subjects whose names contain one of its words and merges
 their rows into an existing file from the same GPU. `make reproduce` never uses it.
@@ -25,19 +24,23 @@ def _module(name):
     return importlib.import_module(f"mingru.bench.{name}")
 
 
-def default_out(quick):
+def default_out(quick, has_gpu=True):
+    """results/ for a full run on a GPU machine; scratch_out/results/ otherwise."""
     from mingru.bench import places
-    return places.SCRATCH if quick else places.RESULTS
+    return places.RESULTS if has_gpu and not quick else places.SCRATCH
 
 
 def refusal(names, quick, out, has_gpu):
-    """Why this run may not write where it would (None when it may): results/ holds GPU results."""
+    """Why this run may not write where it would (None when it may): results/ holds the files of one
+    full run on a GPU machine, so a smoke run or a machine without a GPU never writes there."""
     from mingru.bench import places
     if quick and places.is_committed_results(out):
         return "--quick is a smoke run: it never writes into results/ (use --out elsewhere)"
     gpu_only = [n for n in names if n not in CPU_HARNESSES]
     if not quick and not has_gpu and gpu_only:
         return f"{', '.join(gpu_only)} need a CUDA GPU; use --quick for a CPU smoke run"
+    if not has_gpu and places.is_committed_results(out):
+        return "without a GPU nothing writes into results/ (use --out elsewhere)"
     return None
 
 
@@ -53,8 +56,9 @@ def run(which, quick=False, out=None, only=None, budgets=None, env=None):
     from mingru.bench import plots, progress, report
 
     names = HARNESSES if which == "all" else tuple(which.split(","))
-    out = Path(default_out(quick) if out is None else out)
-    why = refusal(names, quick, out, torch.cuda.is_available())
+    has_gpu = torch.cuda.is_available()
+    out = Path(default_out(quick, has_gpu) if out is None else out)
+    why = refusal(names, quick, out, has_gpu)
     if why:
         raise ValueError(why)
     progress.BUDGETS.update(budgets or {})
@@ -114,7 +118,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="CPU smoke run on tiny shapes; its numbers are not GPU numbers")
     parser.add_argument("--out", default=None,
-                        help="output folder (default: results/, or scratch_out/results/ with --quick)")
+                        help="output folder (default: results/ on a GPU, else or with --quick scratch_out/results/)")
     parser.add_argument("--budget", type=_budget, action="append", default=[],
                         help="NAME=SECONDS: stop that harness's sweep after so long (repeatable)")
     parser.add_argument("--workers", type=int, default=None,
@@ -129,8 +133,8 @@ def main(argv=None):
         parser.error(f"unknown harness {', '.join(sorted(unknown))}; choose all or {', '.join(HARNESSES)}")
     import torch
     names = HARNESSES if args.what == "all" else tuple(args.what.split(","))
-    why = refusal(names, args.quick, default_out(args.quick) if args.out is None else args.out,
-                  torch.cuda.is_available())
+    has_gpu = torch.cuda.is_available()
+    why = refusal(names, args.quick, default_out(args.quick, has_gpu) if args.out is None else args.out, has_gpu)
     if why:
         parser.error(why)
     if args.workers is not None:
