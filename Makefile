@@ -1,5 +1,5 @@
 # Every command a reader is told to run. `make help` lists them.
-# PYTHON=python3 runs the targets without the venv (the GPU machine cannot install anything).
+# PYTHON=python3 runs the targets without a venv (e.g. an offline GPU machine fed by `make wheelhouse`).
 PYTHON ?= .venv/bin/python
 VENV := .venv
 # A machine without a GPU gets the CPU build of torch and a triton/numpy pair whose interpreter works.
@@ -24,7 +24,7 @@ setup:  ## create .venv with the package, test and notebook dependencies (CPU to
 	@PYTHON=$(VENV)/bin/python bash tools/peers.sh .peers
 	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
 
-peers:  ## unpack the measured competitors (mingru-scans, minGRU-pytorch, ...) into .peers/<name>, one folder each
+peers:  ## unpack the measured competitors into .peers/<name>, one folder each (WHEELS=.whl: offline)
 	@PYTHON=$(PYTHON) bash tools/peers.sh .peers
 
 test:  ## unit + interpreter-kernel tests, the bench smoke run, and nbval over the notebooks
@@ -36,16 +36,16 @@ unit:  ## only tests/ (no notebooks)
 nbval:  ## only the notebooks, re-executed on this machine and compared (lax)
 	$(PYTEST) notebooks $(NBVAL)
 
-bench:  ## on a GPU: regenerate every results/*.json, *.md and figure
-	$(PYTHON) -m mingru.bench all
+bench:  ## on a GPU: regenerate every results/*.json, *.md and figure (no notebooks)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m mingru.bench all
 
-reproduce:  ## on a GPU: bench + re-execute every notebook in place (NB=04 for one chapter); CPU: smoke run
-	$(PYTHON) -m mingru.reproduce $(NB)
+reproduce:  ## on a GPU: every harness once + every notebook in place, one commit (NB=04: one chapter); CPU: smoke run
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(PYTHON) -m mingru.reproduce $(NB)
 
 lab:  ## open JupyterLab on notebooks/ with the project's kernel
 	$(PYTHON) -m jupyter lab notebooks
 
-wheelhouse:  ## fill .whl/ with the wheels the GPU machine needs (papermill, nbval, peers)
+wheelhouse:  ## on a connected machine: fill .whl/ with what an offline GPU machine needs (tools/wheelhouse.txt)
 	bash tools/wheelhouse.sh .whl
 
 clean:  ## remove caches and scratch output (keeps .venv and results/)

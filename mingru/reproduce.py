@@ -1,13 +1,15 @@
-"""`make reproduce [NB=04]`: regenerate results/ and re-execute the notebooks from them.
+"""`make reproduce [NB=04]`: regenerate results/ and re-execute the notebooks from them, in one run.
 
-On a GPU each chapter first runs the measurements it shows (writing results/), then its notebook
-is executed in place with papermill, so the committed notebooks and results/ come from one run.
-Without a GPU (or with --smoke) the same steps run in their --quick CPU form into a scratch
-folder, and the notebooks are executed there with SMOKE=True, rendering the committed results.
+On a GPU every harness runs once (each with a time budget, a progress bar and its wall time),
+writing results/; then every notebook is executed in place with papermill, so results/, env.json,
+results/reproduce.json (this run's step times) and the notebooks all name one commit and one GPU.
+Without a GPU (or with --smoke) the harnesses run in their --quick CPU form into a scratch folder
+and the notebooks execute there with SMOKE=True, rendering the committed results.
 """
 import argparse
+import datetime
+import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,26 +19,31 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "results"
 
-# chapter -> (notebook name, measuring steps as `python -m` argument lists, what only a GPU gives)
-CHAPTERS = {
-    "01": ("01_monoid", [], None),
-    "02": ("02_kernel_layout", [["mingru.bench", "layout"]], "the compiled kernels' per-step latency and layout sweep"),
-    "03": ("03_tf32_ieee_guard", [["mingru.precision"]], "TF32 vs IEEE errors (the interpreter ignores "
-           "input_precision)"),
-    "04": ("04_speedups", [["mingru.bench", "speed"], ["mingru.bench", "roofline"], ["mingru.bench", "peers"]],
-           "speed, roofline and peer timings"),
-    "05": ("05_memory", [["mingru.bench", "memory"]], "peak CUDA memory"),
-    "06": ("06_conformance", [["mingru.bench", "parity"]], "the parity harness over the whole envelope"),
+# harness -> (chapter that shows it, time budget in seconds on an H200 from a cold cache)
+HARNESSES = {
+    "layout": ("02", 15), "precision": ("03", 10), "speed": ("04", 75), "roofline": ("04", 35),
+    "peers": ("04", 25), "seed": ("04", 40), "layer": ("04", 45), "layer_cpu": ("04", 25),
+    "memory": ("05", 20), "parity": ("06", 60),
 }
-ALL_STEPS = [["mingru.bench", "all"], ["mingru.precision"]]
+NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
+NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
+             "03": "TF32 vs IEEE errors (the interpreter ignores input_precision)",
+             "04": "speed, roofline, peer, seed and layer timings", "05": "peak CUDA memory",
+             "06": "the parity harness over the whole envelope"}
+
+
+def chapters():
+    """'01' -> '01_monoid' for every numbered notebook."""
+    return {p.stem[:2]: p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
 
 
 def chapter_key(text):
     """'4', '04' and '04_speedups' all name chapter '04'."""
+    known = chapters()
     head = text.strip().split("_")[0]
     key = head.zfill(2) if head.isdigit() else head
-    if key not in CHAPTERS or (text.strip() != head and text.strip() != CHAPTERS[key][0]):
-        names = ", ".join(f"{k} ({entry[0]})" for k, entry in CHAPTERS.items())
+    if key not in known or (text.strip() != head and text.strip() != known[key]):
+        names = ", ".join(f"{k} ({name})" for k, name in known.items())
         raise argparse.ArgumentTypeError(f"unknown chapter {text!r}; expected one of: {names}")
     return key
 
@@ -44,14 +51,12 @@ def chapter_key(text):
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m mingru.reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("chapter", nargs="?", type=chapter_key,
-                        help="one chapter, e.g. 04 (default: every chapter, after `bench all`)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="take the CPU smoke path even on a GPU machine")
+                        help="one chapter, e.g. 04 (default: every harness, then every notebook)")
+    parser.add_argument("--smoke", action="store_true", help="take the CPU smoke path even on a GPU machine")
     parser.add_argument("--out", type=Path, default=ROOT / "scratch_out",
                         help="scratch folder of the smoke path (default: scratch_out/)")
     parser.add_argument("--no-measure", action="store_true",
-                        help="skip every measurement: execute the notebooks from the results/ already there "
-                             "(to split a GPU run across several device calls)")
+                        help="development only: execute the notebooks from the results/ already there")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
     return parser.parse_args(argv)
 
@@ -61,26 +66,30 @@ def has_gpu():
     return torch.cuda.is_available()
 
 
-def run_step(step, smoke, out):
-    cmd = [sys.executable, "-m", *step]
-    if smoke:
-        cmd += ["--quick", "--out", str(out / "results")]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if smoke:
-        env.setdefault("TRITON_INTERPRET", "1")  # kernels run through the interpreter on CPU tensors
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"`python -m {' '.join(step)}` exited with {done.returncode}:\n{tail}")
+def triton_cache_state():
+    """'cold' when Triton's on-disk kernel cache is absent or empty at the start, else 'warm'."""
+    folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
 
 
-def run_notebook(key, smoke, out, kernel, measure=True):
+def plan(harnesses, notebooks):
+    """The steps of this run with their budgets, printed before anything starts."""
+    steps = [(f"bench {name}", HARNESSES[name][1]) for name in harnesses]
+    steps += [(f"notebook {name}", NOTEBOOK_BUDGET_S) for name in notebooks]
+    return steps
+
+
+def run_harness(name, smoke, results_dir, env):
+    """One harness into results_dir; the budgets are a GPU run's (a smoke run on a CPU is slower)."""
+    from mingru import bench
+    bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env)
+
+
+def run_notebook(key, smoke, out, kernel, results_dir):
     import papermill
-    name, steps, _ = CHAPTERS[key]
+    name = chapters()[key]
     source = NOTEBOOKS / f"{name}.ipynb"
-    # A chapter whose harness ran just before need not measure again inside the notebook.
-    params = {"SMOKE": smoke, "MEASURE": measure and not steps}
+    params = {"SMOKE": smoke, "MEASURE": False}
     if smoke:
         target = out / "notebooks" / source.name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -118,67 +127,81 @@ class quiet_stderr:
         return "\n".join(self.file.read().strip().splitlines()[-lines:])
 
 
-def recorded(name, results_dir, chapter):
-    """Load <results_dir>/<name>.json for a notebook, printing where its numbers come from (None if absent)."""
-    from mingru.bench import report
-    path = Path(results_dir) / f"{name}.json"
-    if not path.exists():
-        print(f"{name}.json is not in {results_dir} yet: `make reproduce NB={chapter}` on a GPU writes it.")
-        return None
-    data = report.load(path)
-    env = data["env"]
-    if env.get("smoke") or not env.get("gpu"):
-        print(f"{name}.json holds a CPU smoke run, not GPU measurements: {report.env_line(env)}")
-    else:
-        where = f"{env['gpu']} at commit {(env.get('git_commit') or 'unknown')[:10]} ({env.get('date')})"
-        print(("showing the results measured on " if has_gpu() else "no GPU here: showing the results recorded on ")
-              + where)
-    return data
-
-
-def timed(label, fn):
+def timed(label, budget, fn, record):
+    """Run one step, print its wall time against its budget, and append it to `record`."""
     start = time.monotonic()
-    print(f"  {label} ...", flush=True)
+    print(f"== {label} (budget {budget} s)", flush=True)
     try:
         fn()
+        ok, why = True, None
     except Exception as err:  # report and go on with the next step; the exit code says it failed
-        print(f"  {label}: FAILED after {time.monotonic() - start:.0f} s\n    "
-              + str(err).strip().replace("\n", "\n    "), flush=True)
-        return False
-    print(f"  {label}: ok ({time.monotonic() - start:.0f} s)", flush=True)
-    return True
+        ok, why = False, str(err).strip()
+    seconds = time.monotonic() - start
+    print(f"== {label}: {'ok' if ok else 'FAILED'} in {seconds:.0f} s" + ("" if ok else "\n    " + why.replace(
+        "\n", "\n    ")), flush=True)
+    record.append({"step": label, "seconds": round(seconds, 1), "budget_s": budget, "ok": ok})
+    return ok
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     smoke = args.smoke or not has_gpu()
-    keys = [args.chapter] if args.chapter else list(CHAPTERS)
-    steps = [] if args.no_measure else CHAPTERS[args.chapter][1] if args.chapter else ALL_STEPS
+    keys = [args.chapter] if args.chapter else list(chapters())
+    harnesses = [] if args.no_measure else [h for h, (ch, _) in HARNESSES.items() if ch in keys]
     out = args.out.resolve()
+    results_dir = out / "results" if smoke else RESULTS
+    steps = plan(harnesses, [chapters()[k] for k in keys])
+    cache = triton_cache_state()
+    print(f"reproduce: {len(steps)} steps, budget {sum(b for _, b in steps)} s in all (H200, cold cache); "
+          f"Triton cache {cache}")
+    for label, budget in steps:
+        print(f"  {label:<32} {budget:>4} s")
     if smoke:
-        print(f"CPU smoke run (no GPU{' used' if args.smoke else ' here'}): measurements run with --quick "
-              f"into {out / 'results'}, notebooks execute into {out / 'notebooks'} with SMOKE=True and "
-              f"render the committed {RESULTS}.")
-    failed = []
-    if steps:
-        print("measure:", flush=True)
-        for step in steps:
-            if not timed(" ".join(step[1:]) or step[0], lambda: run_step(step, smoke, out)):
-                failed.append(" ".join(step))
+        print(f"CPU smoke run (no GPU{' used' if args.smoke else ' here'}): harnesses run with --quick into "
+              f"{results_dir}, notebooks execute into {out / 'notebooks'} with SMOKE=True and render the "
+              f"committed {RESULTS}.", flush=True)
+    record, start = [], time.monotonic()
+    env = None
+    if harnesses:
+        import torch
+
+        from mingru.bench import env as environment
+        if smoke:
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels through the interpreter on CPU tensors
+        env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
+    for name in harnesses:
+        timed(f"bench {name}", HARNESSES[name][1], lambda: run_harness(name, smoke, results_dir, env), record)
     for key in keys:
-        name = CHAPTERS[key][0]
-        print(f"[{key}] {name}", flush=True)
-        if not timed(f"execute {name}.ipynb", lambda: run_notebook(key, smoke, out, args.kernel, not args.no_measure)):
-            failed.append(name)
+        name = chapters()[key]
+        timed(f"notebook {name}", NOTEBOOK_BUDGET_S,
+              lambda: run_notebook(key, smoke, out, args.kernel, results_dir), record)
+    total = time.monotonic() - start
+    write_record(results_dir, record, total, cache, env, keys, smoke)
     if smoke:
-        needs_gpu = [f"  [{key}] {CHAPTERS[key][2]}" for key in keys if CHAPTERS[key][2]]
+        needs = [f"  [{k}] {NEEDS_GPU[k]}" for k in keys if k in NEEDS_GPU]
         print("needs a GPU (run `make reproduce` there; the smoke run only exercised the code paths):\n"
-              + "\n".join(needs_gpu) if needs_gpu else "nothing in this chapter needs a GPU")
+              + "\n".join(needs) if needs else "nothing in this chapter needs a GPU")
+    failed = [r["step"] for r in record if not r["ok"]]
+    print(f"reproduce: {total:.0f} s in all")
     if failed:
         print(f"reproduce: {len(failed)} step(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     print("reproduce: all steps passed")
     return 0
+
+
+def write_record(results_dir, record, total, cache, env, keys, smoke):
+    """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state."""
+    from mingru.bench import env as environment
+    commit, dirty = environment.git_state()
+    data = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
+            "smoke": smoke, "triton_cache": cache, "chapters": keys,
+            "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record}
+    path = Path(results_dir) / "reproduce.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
 
 
 if __name__ == "__main__":

@@ -22,8 +22,16 @@ def test_bad_chapter_is_a_clear_usage_error(text, capsys):
     assert f"unknown chapter {text!r}" in err and "04 (04_speedups)" in err
 
 
-def test_every_chapter_has_a_notebook():
-    assert [p.stem for p in NOTEBOOKS] == [name for name, _, _ in reproduce.CHAPTERS.values()]
+def test_every_notebook_is_a_chapter_and_every_harness_has_one():
+    assert list(reproduce.chapters().values()) == [p.stem for p in NOTEBOOKS]
+    from mingru.bench import HARNESSES
+    assert set(reproduce.HARNESSES) == set(HARNESSES)
+    assert {chapter for chapter, _ in reproduce.HARNESSES.values()} <= set(reproduce.chapters())
+
+
+def test_the_budgets_fit_the_promised_eight_minutes():
+    steps = reproduce.plan(list(reproduce.HARNESSES), list(reproduce.chapters().values()) + ["07", "08"])
+    assert sum(budget for _, budget in steps) <= 480 - 30  # the rest: process start, imports, the env record
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -44,8 +52,14 @@ def test_smoke_path_runs_chapter_01(tmp_path, capsys):
     committed = (reproduce.NOTEBOOKS / "01_monoid.ipynb").read_text()
     assert reproduce.main(["01", "--smoke", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "[01] 01_monoid" in out and "execute 01_monoid.ipynb: ok" in out
+    assert out.startswith("reproduce: 1 steps, budget")  # the plan comes first
+    assert "== notebook 01_monoid: ok in" in out
     assert "nothing in this chapter needs a GPU" in out
+    record = json.loads((tmp_path / "results" / "reproduce.json").read_text())
+    assert record["smoke"] is True
+    assert [s["step"] for s in record["steps"]] == ["notebook 01_monoid"] and record["steps"][0]["ok"]
+    assert record["total_s"] >= record["steps"][0]["seconds"] and record["triton_cache"] in ("cold", "warm")
+    assert len(record["git_commit"]) == 40
     executed = json.loads((tmp_path / "notebooks" / "01_monoid.ipynb").read_text())
     injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert "SMOKE = True" in "".join(injected[0]["source"])
@@ -58,7 +72,7 @@ def test_a_failed_step_is_reported_and_sets_the_exit_code(tmp_path, monkeypatch,
     def broken(*args):
         raise RuntimeError("cell 3 raised ZeroDivisionError")
     monkeypatch.setattr(reproduce, "run_notebook", broken)
-    assert reproduce.main(["02", "--smoke", "--out", str(tmp_path)]) == 1
+    assert reproduce.main(["02", "--smoke", "--no-measure", "--out", str(tmp_path)]) == 1
     captured = capsys.readouterr()
-    assert "execute 02_kernel_layout.ipynb: FAILED" in captured.out and "ZeroDivisionError" in captured.out
-    assert "1 step(s) failed: 02_kernel_layout" in captured.err
+    assert "== notebook 02_kernel_layout: FAILED" in captured.out and "ZeroDivisionError" in captured.out
+    assert "1 step(s) failed: notebook 02_kernel_layout" in captured.err

@@ -8,7 +8,7 @@ set -u
 dest=${1:-.peers}
 PYTHON=${PYTHON:-python3}
 src=()
-if [ -n "${WHEELS:-}" ]; then src=(--no-index --find-links "$WHEELS"); fi
+if [ -n "${WHEELS:-}" ]; then src=(--no-index --find-links "$WHEELS" --find-links "$WHEELS/peers"); fi
 unpack() {
   local name=$1; shift
   if [ -d "$dest/$name" ]; then return 0; fi

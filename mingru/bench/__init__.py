@@ -1,68 +1,96 @@
-"""Benchmark harnesses: `python -m mingru.bench {all|speed,roofline,memory,parity,peers,layout} [--quick]`.
+"""Benchmark harnesses: `python -m mingru.bench {all|NAME[,NAME...]} [--quick] [--out DIR]`.
 
-Each writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its figures
-under <out>/figures; every run also writes <out>/env.json. Without --quick it needs a CUDA GPU;
---quick is a CPU smoke run on tiny shapes (Triton through the interpreter only when
-TRITON_INTERPRET=1 is set) that exercises the same code and claims no GPU numbers. --only keeps
-the subjects whose names contain one of its words and merges their rows into an existing file
-from the same GPU, so a long sweep can be split across several calls.
+Each harness writes <out>/<name>.json (rows + environment: the source of truth), <name>.md and its
+figures under <out>/figures; every run also writes <out>/env.json. Without --quick a harness needs
+a CUDA GPU (layer_cpu, the CPU column, runs on any CPU) and writes into results/; --quick is a
+smoke run on tiny shapes (Triton through the interpreter when TRITON_INTERPRET=1) that claims no
+GPU numbers and writes into scratch_out/results/. Without a GPU nothing writes into results/.
+
+Development only: --only keeps the subjects whose names contain one of its words and merges
+their rows into an existing file from the same GPU. `make reproduce` never uses it.
 """
 import argparse
 import importlib
-import itertools
+import sys
+import time
 from pathlib import Path
 
-HARNESSES = ("speed", "roofline", "memory", "parity", "peers", "layout")
+HARNESSES = ("speed", "roofline", "memory", "parity", "peers", "layout", "precision", "seed", "layer",
+             "layer_cpu")
+CPU_HARNESSES = ("layer_cpu",)  # they measure the CPU: a full run is valid on any machine
 
 
-def run(which, quick=False, out="results", only=None, shard=None):
+def _module(name):
+    return importlib.import_module(f"mingru.bench.{name}")
+
+
+def default_out(quick, has_gpu=True):
+    """results/ for a full run on a GPU machine; scratch_out/results/ otherwise."""
+    from mingru.bench import places
+    return places.RESULTS if has_gpu and not quick else places.SCRATCH
+
+
+def refusal(names, quick, out, has_gpu):
+    """Why this run may not write where it would (None when it may): results/ holds the files of one
+    full run on a GPU machine, so a smoke run or a machine without a GPU never writes there."""
+    from mingru.bench import places
+    if quick and places.is_committed_results(out):
+        return "--quick is a smoke run: it never writes into results/ (use --out elsewhere)"
+    gpu_only = [n for n in names if n not in CPU_HARNESSES]
+    if not quick and not has_gpu and gpu_only:
+        return f"{', '.join(gpu_only)} need a CUDA GPU; use --quick for a CPU smoke run"
+    if not has_gpu and places.is_committed_results(out):
+        return "without a GPU nothing writes into results/ (use --out elsewhere)"
+    return None
+
+
+def run(which, quick=False, out=None, only=None, budgets=None, env=None):
     """Run harnesses ('all', a name, or names joined by commas); return the paths written.
 
-    shard=(i, n) keeps every n-th case the harness asks about, starting at the i-th, so n processes
-    can share a long sweep (each compiles only its own kernels); tools/merge_results.py joins them.
+    budgets: {harness: seconds}; past its budget a harness stops and its result says what it left out.
+    env: the environment record to store (default: measured now), so one run's files share one.
     """
     import torch
 
-    from mingru import plots
     from mingru.bench import env as environment
-    from mingru.bench import report
+    from mingru.bench import plots, progress, report
 
     names = HARNESSES if which == "all" else tuple(which.split(","))
-    device = torch.device("cpu" if quick else "cuda")
-    env = environment.environment(device, smoke=quick)
+    has_gpu = torch.cuda.is_available()
+    out = Path(default_out(quick, has_gpu) if out is None else out)
+    why = refusal(names, quick, out, has_gpu)
+    if why:
+        raise ValueError(why)
+    progress.BUDGETS.update(budgets or {})
+    gpu = torch.device("cpu" if quick else "cuda")
+    if env is None:
+        cpu_only = all(n in CPU_HARNESSES for n in names)
+        env = environment.environment(torch.device("cpu") if cpu_only else gpu, smoke=quick)
     paths = [report.write_env(out, env)]
     wanted = [w.strip() for w in only.split(",")] if only else None
     keep = (lambda name: any(w in name for w in wanted)) if wanted else (lambda name: True)
-    if shard:
-        keep = _sharded(keep, *shard)
     for name in names:
-        module = importlib.import_module(f"mingru.bench.{name}")
+        start = time.monotonic()
+        module = _module(name)
+        device = torch.device("cpu") if name in CPU_HARNESSES else gpu
         rows = module.measure(device, quick, env, keep)
         merged = []
         if only:
-            rows, merged = _merge(Path(out) / f"{module.NAME}.json", module.SUBJECT, rows, keep, env)
+            rows, merged = _merge(out / f"{module.NAME}.json", module.SUBJECT, rows, keep, env)
         meta = {"smoke": quick, "only": only, "merged_from": merged, **module.summarize(rows, env)}
+        meta.setdefault("notes", [])
+        if progress.budget_note(name):
+            meta["notes"].append(progress.budget_note(name))
         if merged:
             meta["notes"].append(f"--only {only}: merged with the other rows of earlier runs ({', '.join(merged)})")
         paths += report.write(out, module.NAME, env, rows, meta)
         paths += plots.draw(module.NAME, out)
+        print(f"{name}: {len(rows)} rows in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return paths
 
 
-def _sharded(keep, index, count):
-    seen = itertools.count()
-    return lambda name: keep(name) and next(seen) % count == index
-
-
-def _shard(text):
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        raise argparse.ArgumentTypeError(f"--shard takes I/N with 0 <= I < N, got {text!r}")
-    return int(index), int(count)
-
-
 def _merge(path, subject, rows, keep, env):
-    """--only replaces the named subjects' rows of an existing result file from the same GPU."""
+    """--only (development) replaces the named subjects' rows of an existing result file from the same GPU."""
     from mingru.bench import report
 
     if not path.exists():
@@ -76,22 +104,43 @@ def _merge(path, subject, rows, keep, env):
     return kept + rows, [old["env"].get("date")] + old["meta"].get("merged_from", [])
 
 
+def _budget(text):
+    name, _, seconds = text.partition("=")
+    try:
+        return name, float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget takes NAME=SECONDS, got {text!r}") from None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mingru.bench", description=__doc__.splitlines()[0])
     parser.add_argument("what", help=f"all, or one or more of {','.join(HARNESSES)} joined by commas")
     parser.add_argument("--quick", action="store_true",
                         help="CPU smoke run on tiny shapes; its numbers are not GPU numbers")
-    parser.add_argument("--out", default="results", help="output folder (default: results)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: results/ on a GPU, else or with --quick scratch_out/results/)")
+    parser.add_argument("--budget", type=_budget, action="append", default=[],
+                        help="NAME=SECONDS: stop that harness's sweep after so long (repeatable)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes that compile kernel variants ahead of the parity sweep "
+                             "(default: half the cores, at most 8, on a GPU; 0 turns the pool off)")
     parser.add_argument("--only", default=None,
-                        help="comma-separated parts of op/mixer/peer names to keep, e.g. matrix,Givens")
-    parser.add_argument("--shard", type=_shard, default=None,
-                        help="I/N: run every N-th case from the I-th (parallel processes; see tools/merge_results.py)")
+                        help="development only: comma-separated parts of op/mixer/peer names to keep, "
+                             "merged into the existing result file")
     args = parser.parse_args(argv)
     unknown = set(args.what.split(",")) - set(HARNESSES) if args.what != "all" else set()
     if unknown:
         parser.error(f"unknown harness {', '.join(sorted(unknown))}; choose all or {', '.join(HARNESSES)}")
     import torch
-    if not args.quick and not torch.cuda.is_available():
-        parser.error("the benchmarks need a CUDA GPU; use --quick for a CPU smoke run")
-    for path in run(args.what, args.quick, args.out, args.only, args.shard):
+    names = HARNESSES if args.what == "all" else tuple(args.what.split(","))
+    has_gpu = torch.cuda.is_available()
+    why = refusal(names, args.quick, default_out(args.quick, has_gpu) if args.out is None else args.out, has_gpu)
+    if why:
+        parser.error(why)
+    if args.workers is not None:
+        import os
+
+        from mingru.bench import warm
+        os.environ[warm.WORKERS_ENV] = str(args.workers)
+    for path in run(args.what, args.quick, args.out, args.only, dict(args.budget)):
         print(path)

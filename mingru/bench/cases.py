@@ -51,13 +51,22 @@ def label(dims):
 def make(name, dims, dtype=torch.float32, device="cpu"):
     if name in OPS:
         return Job(name, getattr(mingru, name), op_inputs(name, dims, dtype, device))
+    module = mixer(name, dims).to(device, dtype)
+    x = torch.randn(dims["B"], dims["T"], dims["d"], device=device, dtype=dtype)
+    return Job(name, module, (x,), tuple(module.parameters()))
+
+
+def mixer(name, dims):
+    """Our mixer `name` ('GivensMinGRU[fused]', 'MinGRU', ...) at width dims['d'].
+
+    The one place that calls the mixers' constructors: MinGRU and SignedMinGRU take
+    (input_size, hidden_size); the path and the Givens block size and rounds are keywords here.
+    """
     base, _, path = name.partition("[")
     kwargs = {"fused": path.startswith("fused")} if path else {}
     if base == "GivensMinGRU":
         kwargs.update(k=dims.get("k", 8), layers=dims.get("L"))
-    module = getattr(mingru, base)(dims["d"], dims["d"], **kwargs).to(device, dtype)
-    x = torch.randn(dims["B"], dims["T"], dims["d"], device=device, dtype=dtype)
-    return Job(name, module, (x,), tuple(module.parameters()))
+    return getattr(mingru, base)(dims["d"], dims["d"], **kwargs)
 
 
 def _signed(*shape, device):
@@ -132,28 +141,6 @@ def step(job, cotangents, fn=None):
             fn(*job.inputs)
     else:
         torch.autograd.backward(outputs(fn, job.inputs), cotangents)
-
-
-def max_err(got, want):
-    """Largest |got - want| over paired tensors (pairs with a None skipped), in float64."""
-    errs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got, want)
-            if g is not None and w is not None and g.numel()]
-    return math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
-
-
-def within(got, want, atol, rtol, normwise=False):
-    """|got - want| <= atol + rtol |want| everywhere (normwise: rtol times the largest |want| of the
-    tensor), NaN counting as a failure. A None gradient (autograd's "unused") equals a zero tensor."""
-    for g, w in zip(got, want):
-        if g is None or w is None:
-            if not all(x is None or not bool(x.any()) for x in (g, w)):
-                return False
-            continue
-        g, w = g.double(), w.double()
-        scale = w.abs().max() if normwise and w.numel() else w.abs()
-        if not bool(((g - w).abs() <= atol + rtol * scale).all()):
-            return False
-    return True
 
 
 def nbytes(tensors):

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 
+from mingru.bench.places import REPO
 from mingru.bench.timing import median_us
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _version(package):
@@ -65,6 +64,17 @@ def copy_bandwidth(device):
     return 2 * n * 4 / us / 1e3
 
 
+def cpu_name():
+    """The CPU's model name (from /proc/cpuinfo on Linux, else the platform's answer)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment(device, smoke):
     commit, dirty = git_state()
     record = {
@@ -77,6 +87,8 @@ def environment(device, smoke):
         "numpy": _version("numpy"),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
         "git_commit": commit,
         "git_dirty": dirty,
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",

@@ -1,17 +1,16 @@
 """Kernel layout: linear_scan's forward in three forced layouts, over a length and a width sweep.
 
 The layouts are the sequential walk (CHUNK = 1: one dependent step after another), the chunk loop
-with the time split turned off, and whatever `mingru.kernels.diagonal.plan` chooses. The length
+with the time split turned off, and whatever the diagonal kernels' planner chooses. The length
 sweep runs one program per row (B = 1, D = 64): the latency regime, where the slope of GPU time
 against T is the cost of one more step. The width sweep holds T and adds rows, to show where the
 time split stops paying. Each forced layout is checked against the automatic one before it is
 timed; bytes = a, b read once + A, Bc written once.
 """
-import torch
-
-from mingru.bench import cases
-from mingru.bench.parity import SKIPPED, failure
-from mingru.bench.timing import Progress, kernel_us, median_us, scan_impl
+from mingru.bench import cases, kernel_hooks
+from mingru.bench.parity import SKIPPED
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import failure, kernel_us, median_us, scan_impl, within
 
 NAME, SUBJECT = "kernel_layout", "layout"
 LAYOUTS = {"sequential walk (CHUNK=1)": dict(chunk=1, segments=1),
@@ -32,25 +31,21 @@ def measure(device, quick, env, keep=lambda name: True):
     if not cases.kernels_run(device, env):
         return [{"sweep": "all", "layout": name, "status": SKIPPED} for name in layouts]
     import mingru
-    from mingru.kernels import diagonal
 
-    todo = shapes(quick)
-    progress = Progress("layout", len(todo))
     rows = []
-    for sweep, B, T, D in todo:
-        progress(f"{sweep} B{B}-T{T}-D{D}")
+    for sweep, B, T, D in Sweep("layout", shapes(quick), lambda c: f"{c[0]} B{c[1]}-T{c[2]}-D{c[3]}"):
         a, b = cases.op_inputs("linear_scan", dict(B=B, T=T, D=D), device=device)
         with scan_impl("triton"):
             want = mingru.linear_scan(a, b)
             for layout, force in layouts.items():
                 row = {"sweep": sweep, "layout": layout, "B": B, "T": T, "D": D}
                 try:
-                    with diagonal.forced_layout(**force):
-                        if not cases.within(mingru.linear_scan(a, b), want, 1e-5, 1e-5):
+                    with kernel_hooks.forced_layout(**force):
+                        if not within(mingru.linear_scan(a, b), want, 1e-5, 1e-5):
                             raise AssertionError("the forced layout disagrees with the automatic one")
                         call = lambda: mingru.linear_scan(a, b)  # noqa: E731
                         us, gpu = median_us(call, device, reps=1 if quick else 3), kernel_us(call, device)
-                        lay = diagonal.plan(B, T, D, a.device)
+                        lay = kernel_hooks.diagonal_plan(B, T, D, a.device)
                 except Exception as exc:  # noqa: BLE001  (a layout that fails is a row, not a crash)
                     rows.append({**row, "status": failure(exc)})
                     continue
@@ -85,7 +80,7 @@ def summarize(rows, env):
         "columns": ["sweep", "layout", "B", "T", "D", "chunk", "segments", "us", "gpu_us", "gbps", "gpu_gbps",
                     "status"],
         "notes": ["linear_scan forward, float32; bytes = a, b read + A, Bc written once",
-                  "layouts forced with mingru.kernels.diagonal.forced_layout; CHUNK=1 is the sequential walk",
+                  "layouts forced through the kernels' test override hook; CHUNK=1 is the sequential walk",
                   "us: do_bench wall time (host included); gpu_us: the kernels' own time from a torch.profiler "
                   "trace; slopes use " + key],
     }

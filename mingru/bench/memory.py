@@ -1,11 +1,10 @@
 """Memory: peak allocated bytes of a mixer's forward + backward, fused vs generic, Triton vs eager."""
-import gc
-
 import torch
 
 from mingru.bench import cases
-from mingru.bench.parity import SKIPPED, failure
-from mingru.bench.timing import Progress, scan_impl
+from mingru.bench.parity import SKIPPED
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import failure, peak_mb, scan_impl
 
 NAME, SUBJECT = "scan_memory", "mixer"
 LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
@@ -38,22 +37,16 @@ def _step(name, dims, device, saved):
 
 def peak(name, dims, impl, device):
     """{'peak_mb', 'saved_mb'} of one forward + backward of a fresh module and input."""
-    cuda = device.type == "cuda"
-    with scan_impl(impl):
-        _step(name, dims, device, {})  # compiles kernels and fills caches outside the measurement
-        gc.collect()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        saved = {}
+    saved = {}
+
+    def step():
+        saved.clear()  # count the storages of the last step only
         _step(name, dims, device, saved)
-        if cuda:
-            torch.cuda.synchronize()
-            return {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20,
-                    "saved_mb": sum(saved.values()) / 2**20}
-    return {"peak_mb": None, "saved_mb": sum(saved.values()) / 2**20}
+    with scan_impl(impl):
+        mb = peak_mb(step, device)
+        if mb is None:
+            step()
+    return {"peak_mb": mb, "saved_mb": sum(saved.values()) / 2**20}
 
 
 def measure(device, quick, env, keep=lambda name: True):
@@ -63,10 +56,8 @@ def measure(device, quick, env, keep=lambda name: True):
     todo = [("lab", name, lab) for name in (QUICK_LAB_MIXERS if quick else LAB_MIXERS)]
     todo += [("vs-T", name, {**lab, "B": B, "T": T}) for name in mixers for T in Ts]
     todo = [(case, name, dims, impl) for case, name, dims in todo if keep(name) for impl in impls]
-    progress = Progress("memory", len(todo))
     rows = []
-    for case, name, dims, impl in todo:
-        progress(f"{name} {cases.label(dims)} {impl}")
+    for case, name, dims, impl in Sweep("memory", todo, lambda c: f"{c[1]} {cases.label(c[2])} {c[3]}"):
         row = {"case": case, "mixer": name, "impl": impl, **dims}
         try:
             rows.append({**row, **peak(name, dims, impl, device), "status": "ok"})

@@ -6,8 +6,9 @@ inputs and cotangents and gates the difference per op family; the float64 sequen
 """
 import torch
 
-from mingru.bench import cases
-from mingru.bench.timing import Progress, scan_impl
+from mingru.bench import cases, warm
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import failure, max_err, scan_impl, within
 
 NAME, SUBJECT = "scan_parity", "op"
 SKIPPED = "skipped: the kernels need a GPU or TRITON_INTERPRET=1"
@@ -16,11 +17,11 @@ BLOCKS = (1, 2, 4, 8, 16)
 # (outputs (atol, rtol), gradients (atol, rtol), why) per family, for float32 inputs.
 FLOAT32_GATES = {
     "affine": ((1e-5, 0.0), (1e-3, 0.0),
-               "seed gate: both paths accumulate in float32 and differ only in summation order"),
+               "the gate of mingru-scans 0.2.0: both paths accumulate in float32 and differ only in summation order"),
     "log": ((1e-4, 1e-4), (1e-3, 1e-3),
-            "seed gate: the exp/log round trip of the log-space scan costs about a decimal digit"),
+            "the gate of mingru-scans 0.2.0: the exp/log round trip of the log-space scan costs about a decimal digit"),
     "rotation": ((1e-5, 0.0), (1e-3, 1e-3),
-                 "seed gate of the angle-fused path: cos/sin and 2*rounds Givens layers are formed "
+                 "the gate of mingru-scans 0.2.0 for the angle-fused path: cos/sin and 2*rounds Givens layers are formed "
                  "in float32 inside the kernel"),
 }
 BFLOAT16_GATE = ((1e-2, 1e-2), (5e-2, 5e-2),
@@ -30,6 +31,7 @@ BFLOAT16_GATE = ((1e-2, 1e-2), (5e-2, 5e-2),
                  "they read bf16-rounded saved outputs and sum up to T*v rounded products, so their "
                  "error follows the size of the terms, not of each entry")
 MIXER_GRAD = ((1e-3, 1e-3), "weight gradients sum B*T terms, so the gradient gate is relative too")
+WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
 FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
           "RotationMinGRU[fused]": "rotation", "GivensMinGRU[fused]": "rotation"}
 
@@ -56,31 +58,37 @@ def grid(quick):
         yield "rotation_recurrence", dict(B=1, T=3, n=1, k=4, L=2, h0=True), f32
         yield "RotationMinGRU[fused]", dict(B=1, T=3, d=4), f32
         return
+    # T = 1 and T = 2 once per op and dtype (the trivial and the shortest scans); otherwise lengths
+    # that cross the tile, segment and power-of-two boundaries, at a single lane, a ragged width and
+    # a wide one. Every (k, v) block pair of the matrix kernels appears; each row compiles at most
+    # one new variant.
     for dtype in (f32, bf16):
         for op in cases.DIAGONAL:
-            for T in (1, 2, 7, 64, 100, 1024, 4099):
-                for B, D in ((1, 1), (2, 33), (4, 64), (3, 257)):
-                    for h0 in ((False, True) if op == "linear_recurrence" else (False,)):
+            h0s = (False, True) if op == "linear_recurrence" else (False,)
+            for h0 in h0s:
+                for T in (1, 2):
+                    yield op, dict(B=2, T=T, D=33, h0=h0), dtype
+                for T in (7, 100, 1024, 4099):
+                    for B, D in ((1, 1), (2, 33), (3, 257)):
                         yield op, dict(B=B, T=T, D=D, h0=h0), dtype
-        for T in (1, 2, 7, 64, 100, 1024):
-            for B, n in ((1, 1), (2, 32), (4, 5)):
+        yield "matrix_scan", dict(B=2, T=1, n=32), dtype
+        for T in (2, 7, 100, 1024):
+            for B, n in ((1, 1), (4, 5)):
                 yield "matrix_scan", dict(B=B, T=T, n=n), dtype
+        yield "matrix_affine_scan", dict(B=2, T=1, n=3, k=2, v=2), dtype
         for k in BLOCKS:
             for v in BLOCKS:
-                for T in (1, 33, 300):
-                    for B, n in ((1, 1), (3, 5)):
-                        yield "matrix_affine_scan", dict(B=B, T=T, n=n, k=k, v=v), dtype
+                for T in (33, 300):
+                    yield "matrix_affine_scan", dict(B=3, T=T, n=5, k=k, v=v), dtype
             for v in (1, 4, 16):
-                for T in (1, 33, 300):
-                    for h0 in (False, True):
-                        yield "matrix_recurrence", dict(B=2, T=T, n=3, k=k, v=v, h0=h0), dtype
+                for T, h0 in ((33, False), (300, True)):
+                    yield "matrix_recurrence", dict(B=2, T=T, n=3, k=k, v=v, h0=h0), dtype
         for k in (2, 4, 8, 16):
             for L in (1, 6):
-                for T in (1, 33, 300):
-                    for h0 in (False, True):
-                        yield "rotation_recurrence", dict(B=2, T=T, n=3, k=k, L=L, h0=h0), dtype
+                for T, h0 in ((33, False), (300, True)):
+                    yield "rotation_recurrence", dict(B=2, T=T, n=3, k=k, L=L, h0=h0), dtype
         for mixer in cases.MIXERS:
-            for B, T in ((2, 33), (4, 64), (2, 300)):
+            for B, T in ((2, 33), (2, 300)):
                 yield mixer, dict(B=B, T=T, d=32, k=8), dtype
 
 
@@ -100,33 +108,25 @@ def check(name, dims, dtype, device):
             got, got_grads = cases.forward_backward(job, cot)
     except Exception as err:  # noqa: BLE001  (a kernel that declines or crashes becomes a row)
         return {**row, "pass": None, "status": failure(err)}
-    row.update(out_err=cases.max_err(got, want), grad_err=cases.max_err(got_grads, want_grads))
+    row.update(out_err=max_err(got, want), grad_err=max_err(got_grads, want_grads))
     reference = cases.naive_fn(name)
     if reference is not None:
         with torch.no_grad():
             exact = cases.outputs(reference, tuple(None if x is None else x.detach().double()
                                                    for x in job.inputs))
-        row.update(triton_vs_f64=cases.max_err(got, exact), eager_vs_f64=cases.max_err(want, exact))
-    row["pass"] = (cases.within(got, want, *g["out"])
-                   and cases.within(got_grads, want_grads, *g["grad"], normwise=g["grad_normwise"]))
+        row.update(triton_vs_f64=max_err(got, exact), eager_vs_f64=max_err(want, exact))
+    row["pass"] = (within(got, want, *g["out"])
+                   and within(got_grads, want_grads, *g["grad"], normwise=g["grad_normwise"]))
     row["status"] = "ok"
     return row
 
 
-def failure(err):
-    """A short status for an exception: fallback when the kernel declined, else failed."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if "MINGRU_SCAN=triton" in text:
-        return "fallback: " + text.split("cannot run its kernel: ")[-1][:160]
-    return f"failed: {type(err).__name__}: {text[:160]}"
-
-
 def measure(device, quick, env, keep=lambda name: True):
     cases_ = [c for c in grid(quick) if keep(c[0])] if cases.kernels_run(device, env) else []
-    progress = Progress("parity", len(cases_))
+    WARM["seconds"] = warm.warm("mingru.bench.parity:check", [(*c, device) for c in cases_],
+                                warm.default_workers(device))
     rows = []
-    for name, dims, dtype in cases_:
-        progress(f"{name} {cases.label(dims)} {dtype}")
+    for name, dims, dtype in Sweep("parity", cases_, lambda c: f"{c[0]} {cases.label(c[1])} {c[2]}"):
         rows.append(check(name, dims, dtype, device))
     if not cases_:
         rows.append({"op": "all", "pass": None, "status": SKIPPED})
@@ -150,6 +150,7 @@ def summarize(rows, env):
                    "sequential loop of mingru.naive"),
         "columns": ["op", "dims", "dtype", "out_err", "grad_err", "triton_vs_f64", "eager_vs_f64",
                     "out_gate", "grad_gate", "pass", "status"],
+        "compile_pool_s": WARM["seconds"],
         "notes": [f"{passed} of {len(rows)} rows pass, {failed} fail, "
                   f"{len(rows) - passed - failed} did not run (see status)",
                   "gates are atol/rtol; " + "; ".join(f"{k}: {v['why']}" for k, v in gates.items())],

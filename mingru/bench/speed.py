@@ -6,11 +6,13 @@ is a status, never a number.
 """
 import torch
 
-from mingru.bench import cases
-from mingru.bench.parity import SKIPPED, failure, gate
-from mingru.bench.timing import Progress, kernel_us, median_us, scan_impl
+from mingru.bench import cases, warm
+from mingru.bench.parity import SKIPPED, gate
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import check_then_time, median_us, scan_impl
 
 NAME, SUBJECT = "scan_bench", "op"
+WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
 SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
 QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
@@ -18,11 +20,11 @@ WIDTH, QUICK_WIDTH = 64, 8
 # every subject goes through the same functions, and the interpreter is slow.
 QUICK_SUBJECTS = ("linear_scan", "matrix_affine_scan", "RotationMinGRU[fused]", "RotationMinGRU[generic]")
 DIRECTIONS = ("fwd", "fwd+bwd")
-# torch.compile is measured on the seed's four ops (the 16 rows the kernel issue sets targets on):
-# inductor takes tens of seconds per subject and direction, which a 10-minute device call cannot
-# spend on every mixer.
+# torch.compile is measured on the seed's four ops at the lab shape: inductor spends seconds per
+# subject and direction, which the run's time budget cannot spend on every mixer and shape.
 COMPILED = ("linear_scan", "parallel_scan_log", "matrix_scan", "matrix_affine_scan")
-NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops)"
+COMPILED_SHAPE = "lab"
+NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops at the lab shape)"
 
 
 def subjects(width, k=8, layers=6):
@@ -50,26 +52,17 @@ def _compiled(fn, backend):
 
 
 def competitor(job, fn, cot, want, g, mode, device, reps, gpu_time=False):
-    """Check fn against eager's (outputs, grads), then time it: (µs, max error, status)."""
-    try:
-        with scan_impl(mode):
-            got = cases.forward(job, fn) if cot is None else cases.forward_backward(job, cot, fn)
-            err = max(cases.max_err(got[0], want[0]), cases.max_err(got[1], want[1]))
-            if not (cases.within(got[0], want[0], *g["out"])
-                    and cases.within(got[1], want[1], *g["grad"], normwise=g["grad_normwise"])):
-                return (None, None), err, f"wrong: max abs error {err:.2e} vs eager"
-            grads = job.leaves if cot is not None else ()
-            step = lambda: cases.step(job, cot, fn)  # noqa: E731
-            gpu = kernel_us(step, device, grads) if gpu_time else None
-            return (median_us(step, device, grads, reps), gpu), err, "ok"
-    except Exception as exc:  # noqa: BLE001  (compile errors come in many types; each becomes a row)
-        return (None, None), None, failure(exc)
+    """fn checked against eager's (outputs, grads), then timed under MINGRU_SCAN=mode."""
+    with scan_impl(mode):
+        compute = (lambda: cases.forward(job, fn)) if cot is None else (lambda: cases.forward_backward(job, cot, fn))
+        return check_then_time(compute, want, g, lambda: cases.step(job, cot, fn), device,
+                               job.leaves if cot is not None else (), reps, gpu_time, against="eager")
 
 
 def measure_subject(name, dims, shape, device, quick, env, backend):
     job = cases.make(name, dims, torch.float32, device)
     g = gate(name, torch.float32)
-    compiled = _compiled(job.fn, backend) if name in COMPILED or quick else None
+    compiled = _compiled(job.fn, backend) if (name in COMPILED and shape == COMPILED_SHAPE) or quick else None
     reps = 1 if quick else 3
     triton_ok = cases.kernels_run(device, env)
     rows = []
@@ -88,10 +81,12 @@ def measure_subject(name, dims, shape, device, quick, env, backend):
         if compiled is None:
             row["compile_us"], compile_status = None, NOT_COMPILED
         else:
-            (row["compile_us"], _), _, compile_status = competitor(run, compiled, cot, want, g, "eager", device, reps)
+            got = competitor(run, compiled, cot, want, g, "eager", device, reps)
+            row["compile_us"], compile_status = got["us"], got["status"]
         if triton_ok:
-            (row["triton_us"], row["triton_gpu_us"]), row["triton_err"], triton_status = competitor(
-                run, run.fn, cot, want, g, "triton", device, reps, gpu_time=True)
+            got = competitor(run, run.fn, cot, want, g, "triton", device, reps, gpu_time=True)
+            row["triton_us"], row["triton_gpu_us"], row["triton_err"], triton_status = (
+                got["us"], got["gpu_us"], got["err"], got["status"])
         else:
             row["triton_us"], row["triton_gpu_us"], triton_status = None, None, SKIPPED
         row["compile_x"] = _ratio(eager_us, row["compile_us"])
@@ -118,11 +113,13 @@ def measure(device, quick, env, keep=lambda name: True):
     todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
             for name, dims in subjects(width, k, layers)
             if keep(name) and (not quick or name in QUICK_SUBJECTS)]
-    progress = Progress("speed", len(todo))
+    backend = compile_backend(device)
+    WARM["seconds"] = warm.warm("mingru.bench.speed:measure_subject",
+                                [(n, d, s, device, quick, env, backend) for n, d, s in todo],
+                                warm.default_workers(device))
     rows = []
-    for name, dims, shape in todo:
-        progress(f"{name} {cases.label(dims)}")
-        rows += measure_subject(name, dims, shape, device, quick, env, compile_backend(device))
+    for name, dims, shape in Sweep("speed", todo, lambda c: f"{c[0]} {cases.label(c[1])}"):
+        rows += measure_subject(name, dims, shape, device, quick, env, backend)
     return rows
 
 
@@ -132,6 +129,7 @@ def summarize(rows, env):
               for r in rows if r.get("triton_x") is not None and r["triton_x"] < 1]
     return {
         "compile_backend": backend,
+        "compile_pool_s": WARM["seconds"],
         "method": ("median of triton.testing.do_bench (warm-up, CUDA events, L2 flushed between "
                    "reps) on fresh random non-zero float32 inputs; fwd = inference under no_grad, "
                    "fwd+bwd = forward + backward of random cotangents on every output into .grad "

@@ -1,7 +1,13 @@
-"""How the harnesses time things and pick the implementation: one place for both."""
+"""How the harnesses pick the implementation, check a call against its reference, time it, and
+measure its memory: one protocol for ours and every competitor.
+
+It imports torch and the standard library alone, so the seed's runner (a separate process whose
+`mingru` is the seed) loads this file by path and measures the seed exactly as we measure ours.
+"""
 import contextlib
+import gc
+import math
 import os
-import sys
 import time
 
 import torch
@@ -24,22 +30,22 @@ def scan_impl(mode):
 def median_us(fn, device, grad_to_none=(), reps=3):
     """Median time of one `fn()` in microseconds.
 
-    GPU: triton's do_bench (warm-up, CUDA events, L2 flushed before every rep, so inputs never
-    sit in cache). CPU smoke runs: wall clock over `reps` calls after one warm-up call.
+    GPU: triton's do_bench (25 ms of warm-up, 50 ms of reps timed with CUDA events, L2 flushed
+    before every rep, so inputs never sit in cache). CPU: the median wall clock of `reps` calls (the caller has already run it once).
     """
     if torch.device(device).type == "cuda":
         from triton.testing import do_bench
-        median, _, _ = do_bench(fn, grad_to_none=list(grad_to_none) or None, quantiles=[0.5, 0.2, 0.8])
+        median, _, _ = do_bench(fn, warmup=25, rep=50, grad_to_none=list(grad_to_none) or None,
+                                quantiles=[0.5, 0.2, 0.8])
         return median * 1e3
     times = []
-    for _ in range(reps + 1):
+    for _ in range(reps):
         for x in grad_to_none:
             x.grad = None
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    times = sorted(times[1:])
-    return times[len(times) // 2] * 1e6
+    return sorted(times)[len(times) // 2] * 1e6
 
 
 def kernel_us(fn, device, grad_to_none=(), reps=20):
@@ -47,9 +53,8 @@ def kernel_us(fn, device, grad_to_none=(), reps=20):
     memsets, copies) it launches, summed per call from torch.profiler's CUDA trace and averaged
     over `reps` calls after a warm-up call. Inputs stay warm in L2 between calls.
 
-    Nothing is captured (a failed CUDA-graph capture of an autograd backward once left the CUDA RNG
-    broken for the rest of the process), so it works for any call. None on the CPU or when the trace
-    holds no GPU activity.
+    Nothing is captured into a CUDA graph (a failed capture can leave the CUDA RNG unusable), so it
+    works for any call. None on the CPU or when the trace holds no GPU activity.
     """
     if torch.device(device).type != "cuda":
         return None
@@ -67,17 +72,83 @@ def kernel_us(fn, device, grad_to_none=(), reps=20):
     return total / reps if total > 0 else None
 
 
-class Progress:
-    """Stderr lines '[speed 3/40 0:12] linear_scan B128-T64-D64' for long sweeps, at most ~50 a sweep."""
+def peak_mb(fn, device):
+    """Peak CUDA memory of one `fn()` above what was allocated before it, in MiB, after a warm-up
+    call (kernels compiled, caches filled); None on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    fn()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
-    def __init__(self, name, total):
-        self.name, self.total, self.done, self.start = name, total, 0, time.monotonic()
-        self.every = max(1, total // 50)
 
-    def __call__(self, what):
-        self.done += 1
-        if self.done % self.every and self.done != self.total:
-            return
-        elapsed = int(time.monotonic() - self.start)
-        print(f"[{self.name} {self.done}/{self.total} {elapsed // 60}:{elapsed % 60:02d}] {what}",
-              file=sys.stderr, flush=True)
+def gate(out, grad, out_normwise=False, grad_normwise=False, why=""):
+    """A tolerance: `out` and `grad` are (atol, rtol); normwise scales rtol by a tensor's largest entry."""
+    return {"out": out, "grad": grad, "out_normwise": out_normwise, "grad_normwise": grad_normwise, "why": why}
+
+
+def max_err(got, want):
+    """Largest |got - want| over paired tensors (pairs with a None skipped), in float64."""
+    errs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got, want)
+            if g is not None and w is not None and g.numel()]
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
+
+
+def within(got, want, atol, rtol, normwise=False):
+    """|got - want| <= atol + rtol |want| everywhere (normwise: rtol times the largest |want| of the
+    tensor), NaN counting as a failure. A None gradient (autograd's "unused") equals a zero tensor."""
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            if not all(x is None or not bool(x.any()) for x in (g, w)):
+                return False
+            continue
+        g, w = g.double(), w.double()
+        scale = w.abs().max() if normwise and w.numel() else w.abs()
+        if not bool(((g - w).abs() <= atol + rtol * scale).all()):
+            return False
+    return True
+
+
+def agrees(got, want, tol):
+    """(ok, max abs error) of (outputs, grads) against the reference (outputs, grads) under a gate."""
+    err = max(max_err(got[0], want[0]), max_err(got[1], want[1]))
+    ok = (within(got[0], want[0], *tol["out"], normwise=tol.get("out_normwise", False))
+          and within(got[1], want[1], *tol["grad"], normwise=tol.get("grad_normwise", False)))
+    return ok, err
+
+
+def wrong(err, against):
+    """The one status of a competitor that disagrees with its reference."""
+    return f"wrong: max abs error {err:.2e} vs {against}"
+
+
+def failure(err):
+    """A short status for an exception: fallback when the kernel declined, else failed."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if "MINGRU_SCAN=triton" in text:
+        return "fallback: " + text.split("cannot run its kernel: ")[-1][:160]
+    return f"failed: {type(err).__name__}: {text[:160]}"
+
+
+def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_time=True, against="float64"):
+    """Run `compute()` -> (outputs, grads), compare with `want` under `tol`, then time `step()`.
+
+    Returns {'us': wall µs (median), 'gpu_us': GPU µs (profiler trace; None on a CPU or when not
+    asked), 'err': max abs error, 'status'}. A wrong answer or an exception is a status, never a time.
+    """
+    try:
+        ok, err = agrees(compute(), want, tol)
+        if not ok:
+            return {"us": None, "gpu_us": None, "err": err, "status": wrong(err, against)}
+        gpu = kernel_us(step, device, leaves) if gpu_time else None
+        return {"us": median_us(step, device, leaves, reps), "gpu_us": gpu, "err": err, "status": "ok"}
+    except Exception as exc:  # noqa: BLE001  (compile errors, declined kernels, OOM: each becomes a row)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return {"us": None, "gpu_us": None, "err": None, "status": failure(exc)}

@@ -1,28 +1,25 @@
-"""Figures and tables drawn from results/*.json only, so anyone can regenerate them.
+"""Figures and tables drawn from result files only, so anyone can regenerate them.
 
-`draw(name)` writes the PNGs of one result file into results/figures/; `results_table(name)` returns
-its Markdown table (pandas-free) for a notebook to display. Figures are matplotlib Figure objects
-built without pyplot, so they render inline in notebooks and save headless anywhere.
+`draw(name)` writes the PNGs of one result file into <results>/figures/; `results_table(name)`
+returns its Markdown table (pandas-free) for a notebook to display. Figures are matplotlib Figure
+objects built without pyplot, so they render inline in notebooks and save headless anywhere.
 """
 from collections import defaultdict
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from mingru.bench import report
+from mingru.bench import precision, report
+from mingru.bench.places import RESULTS
+from mingru.bench.results import read
 
 TINY = 1e-12  # log axes cannot show an exact zero error
 NAN = float("nan")  # a missing value draws no bar
 
 
-def load(name, results_dir="results"):
-    path = Path(name)
-    return report.load(path if path.suffix == ".json" else Path(results_dir) / f"{name}.json")
-
-
-def results_table(name, results_dir="results", columns=None):
+def results_table(name, results_dir=RESULTS, columns=None):
     """The Markdown page of a result file (title, environment line, notes, table)."""
-    data = name if isinstance(name, dict) else load(name, results_dir)
+    data = name if isinstance(name, dict) else read(name, results_dir)
     return report.render(data, columns)
 
 
@@ -233,7 +230,69 @@ def layout_sweeps(data):
     return fig
 
 
+def seed_ratios(data):
+    """seed / ours by GPU clock per row (log), the goal of 2x as a line; one panel per direction."""
+    rows = [r for r in data["rows"] if isinstance(r.get("x_gpu"), (int, float)) or isinstance(r.get("x_wall"), (int, float))]
+    key = "x_gpu" if _ok(rows, "x_gpu") else "x_wall"
+    fig = Figure(figsize=(13, 7), layout="constrained")
+    for i, direction in enumerate(("fwd", "fwd+bwd")):
+        ax = fig.add_subplot(2, 1, i + 1)
+        mine = [r for r in rows if r["direction"] == direction]
+        groups = list(dict.fromkeys((r["op"], r["dims"]) for r in mine))
+        dtypes = list(dict.fromkeys(r["dtype"] for r in mine))
+        _grouped_bars(ax, groups, [(dtype, {(r["op"], r["dims"]): r.get(key) for r in mine if r["dtype"] == dtype},
+                                    None) for dtype in dtypes])
+        ax.axhline(2, color="black", ls="--", lw=1, label="goal: 2x")
+        ax.axhline(1, color="black", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(groups)), [f"{op}\n{dims}" for op, dims in groups], rotation=30, ha="right",
+                      fontsize=7)
+        ax.set_ylabel(f"seed / ours ({'GPU' if key == 'x_gpu' else 'wall'} clock, log)")
+        ax.set_title(direction, fontsize=10)
+        _legend(ax, fontsize=8)
+    fig.suptitle(f"Ours vs mingru-scans 0.2.0 (above 1: ours faster; missing bars: see the table), {_where(data)}")
+    return fig
+
+
+def layer_steps(data):
+    """Training-step time per competitor and shape (log), GPU clock where measured."""
+    rows = data["rows"]
+    key = "gpu_us" if _ok(rows, "gpu_us") else "us"
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["d"]) for r in rows))
+    names = list(dict.fromkeys(r["competitor"] for r in rows))
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    ax = fig.add_subplot()
+    _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["d"]): r.get(key) for r in rows if r["competitor"] == name},
+                                None) for name in names])
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-d{d}" for b, t, d in shapes])
+    ax.set_ylabel(f"fwd+bwd step ({'GPU' if key == 'gpu_us' else 'wall'} clock, µs, log)")
+    _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"One recurrent layer's training step (missing bars: see the table), {_where(data)}")
+    return fig
+
+
+def layer_cpu_steps(data):
+    rows = data["rows"]
+    groups = list(dict.fromkeys((r["mixer"], r["B"], r["T"], r["d"]) for r in rows))
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    _grouped_bars(ax, groups, [(who, {(r["mixer"], r["B"], r["T"], r["d"]): r.get(f"{who}_ms") for r in rows}, None)
+                               for who in ("ours", "seed")])
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)), [f"{m}\nB{b}-T{t}-d{d}" for m, b, t, d in groups], rotation=30, ha="right",
+                  fontsize=7)
+    ax.set_ylabel("fwd+bwd step on the CPU (ms, log)")
+    _legend(ax, fontsize=8)
+    fig.suptitle(f"Default path on a CPU: ours vs mingru-scans 0.2.0, {data['env'].get('cpu') or 'CPU'}")
+    return fig
+
+
 FIGURES = {
+    "precision": {"tf32": precision.plot},
+    "seed": {"ratios": seed_ratios},
+    "layer": {"steps": layer_steps},
+    "layer_cpu": {"steps": layer_cpu_steps},
     "scan_bench": {"speedup": speedup},
     "roofline": {"bandwidth": bandwidth, "bandwidth_gpu": bandwidth_gpu, "time": time_vs_T},
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
@@ -243,9 +302,9 @@ FIGURES = {
 }
 
 
-def draw(name, results_dir="results"):
+def draw(name, results_dir=RESULTS):
     """Write the PNGs of results/<name>.json into results/figures/; return their paths."""
-    data = load(name, results_dir)
+    data = read(name, results_dir)
     out = Path(results_dir) / "figures"
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -256,6 +315,6 @@ def draw(name, results_dir="results"):
     return paths
 
 
-def draw_all(results_dir="results"):
+def draw_all(results_dir=RESULTS):
     return [p for name in FIGURES if (Path(results_dir) / f"{name}.json").exists()
             for p in draw(name, results_dir)]

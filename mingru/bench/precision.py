@@ -2,20 +2,20 @@
 
 On NVIDIA GPUs since Ampere a float32 `tl.dot` large enough for the tensor cores runs in TF32
 (10 mantissa bits) unless told `input_precision="ieee"`. The kernels pass "ieee" everywhere;
-`mingru.kernels.common.allow_tf32_dots()` lifts the guard so this module can show what it prevents.
-`python -m mingru.precision [--quick] [--out DIR]` writes precision.json/.md and figures/precision.png.
+`allow_tf32_dots()` lifts the guard so this harness can show what it prevents
+(`python -m mingru.bench precision`).
 """
-import argparse
-import os
-from pathlib import Path
-
 import torch
 
 from mingru import ops, scans
+from mingru.bench import kernel_hooks
+from mingru.bench.timing import max_err, median_us, scan_impl
 
 KS = (1, 2, 4, 8, 16)
 GATE = 1e-5  # the float32 output gate of the parity harness for the affine scans (absolute)
-NAME = "precision"
+NAME, SUBJECT = "precision", "variant"
+SHAPE, QUICK_SHAPE = (16, 256, 8), (1, 9, 2)  # B, T, n
+QUICK_KS = (2, 4)  # the interpreter is slow and ignores input_precision anyway
 
 
 def scan_inputs(B, T, n, k, v, device, seed=0):
@@ -45,15 +45,12 @@ def _run(A, Bm, cot):
     return [o.detach() for o in outs], [A.grad, Bm.grad]
 
 
-def measure(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True):
+def errors(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True, keep=lambda name: True):
     """One row per (k, v, variant): max abs error of outputs and gradients vs float64, and time."""
-    from mingru.bench.cases import max_err
-    from mingru.bench.timing import median_us, scan_impl
-    from mingru.kernels.common import allow_tf32_dots
-
-    variants = {"ieee": (lambda: allow_tf32_dots(False), "triton"),
-                "tf32": (lambda: allow_tf32_dots(True), "triton"),
-                "eager": (lambda: allow_tf32_dots(False), "eager")}
+    variants = {"ieee": (lambda: kernel_hooks.allow_tf32_dots(False), "triton"),
+                "tf32": (lambda: kernel_hooks.allow_tf32_dots(True), "triton"),
+                "eager": (lambda: kernel_hooks.allow_tf32_dots(False), "eager")}
+    variants = {name: v for name, v in variants.items() if keep(name)}
     rows = []
     for k in ks:
         for v in sorted({1, k}):
@@ -71,8 +68,14 @@ def measure(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True):
     return rows
 
 
-def meta(B, T, n, device):
-    interp = torch.device(device).type == "cpu"
+def measure(device, quick, env, keep=lambda name: True):
+    B, T, n = QUICK_SHAPE if quick else SHAPE
+    return errors(QUICK_KS if quick else KS, B=B, T=T, n=n, device=device, time_it=torch.device(device).type == "cuda", keep=keep)
+
+
+def summarize(rows, env):
+    B, T, n = QUICK_SHAPE if env.get("smoke") else SHAPE
+    interp = not str(env.get("device", "cpu")).startswith("cuda")
     notes = [f"matrix_affine_scan on float32 inputs, B={B}, T={T}, n={n}, v in {{1, k}}; A_t = decay * "
              "orthogonal with decay in [0.9, 1], Bm = (1 - decay) N(0, 1)",
              "err_out / err_grad: max abs difference vs the float64 eager scan (outputs; gradients of a "
@@ -83,19 +86,21 @@ def meta(B, T, n, device):
     if interp:
         notes.append("CPU smoke run: the Triton interpreter computes tl.dot with numpy and ignores "
                      "input_precision, so ieee and tf32 agree here; only a GPU shows the difference")
+    ieee = [r for r in rows if r.get("variant") == "ieee"]
+    worst = max(ieee, key=lambda r: r["err_out"], default=None)
+    if worst:
+        notes.append(f"worst IEEE output error {worst['err_out']:.2e} at k={worst['k']}, v={worst['v']}")
     return {"columns": ["k", "v", "variant", "err_out", "err_grad", "max_abs_out", "fwd_us", "passes_gate"],
             "notes": notes, "shape": {"B": B, "T": T, "n": n}, "gate": GATE}
 
 
-def plot(data, path=None):
+def plot(data):
     """Error vs k per variant (v = k), the parity gate as a line, and the forward time beside it."""
-    import matplotlib
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = [r for r in data["rows"] if r["v"] == r["k"]]
-    fig, (err_ax, time_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    err_ax, time_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     styles = {"ieee": ("C0", "o", "Triton, IEEE guard (shipped)"), "tf32": ("C3", "s", "Triton, TF32 allowed"),
               "eager": ("0.5", "^", "eager float32")}
     for variant, (color, marker, label) in styles.items():
@@ -119,33 +124,4 @@ def plot(data, path=None):
             ax.legend(fontsize=8)
     where = data["env"].get("gpu") or "CPU interpreter (tl.dot precision ignored)"
     fig.suptitle(f"TF32 vs IEEE tl.dot — {where}", fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
     return fig
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mingru.precision", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, for the CPU smoke run")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "results")
-    args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules are imported
-    from mingru.bench import env as bench_env, report
-
-    B, T, n = (1, 9, 2) if args.quick or device == "cpu" else (16, 256, 8)
-    rows = measure(B=B, T=T, n=n, device=device, time_it=device == "cuda")
-    json_path, md_path = report.write(args.out, NAME, bench_env.environment(device, args.quick), rows,
-                                      meta(B, T, n, device))
-    plot(report.load(json_path), args.out / "figures" / f"{NAME}.png")
-    worst = max((r for r in rows if r["variant"] == "ieee"), key=lambda r: r["err_out"])
-    print(f"wrote {json_path} and {md_path}; worst IEEE output error {worst['err_out']:.2e} at k={worst['k']}, "
-          f"v={worst['v']} (gate {GATE:g})")
-    return 0 if all(r["passes_gate"] for r in rows if r["variant"] == "ieee") else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

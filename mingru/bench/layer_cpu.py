@@ -1,0 +1,55 @@
+"""The CPU column: each of our mixers' default path on a CPU (auto, which is eager there) against
+the seed's eager path, one fwd+bwd step, median wall clock in ms.
+
+Both sides go through the same functions on the same input (the seed in its own process). Goal:
+ours no slower than the seed on the same CPU. --quick runs tiny shapes for CI.
+"""
+import torch
+
+import mingru
+from mingru.bench import seed
+from mingru.bench.progress import Sweep
+
+NAME, SUBJECT = "layer_cpu", "mixer"
+SHAPES = ((16, 256, 64), (4, 1024, 128), (64, 64, 64))
+QUICK_SHAPES = ((2, 8, 8),)
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU")
+GOAL = "ours no slower than the seed's eager (seed_x >= 1)"
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    device = torch.device("cpu")
+    reps = 1 if quick else 5
+    todo = [(m, shape) for shape in (QUICK_SHAPES if quick else SHAPES) for m in MIXERS
+            if keep(m) and hasattr(mingru, m)]
+    jobs = [seed.module_job(m, B, T, d, reps=reps, memory=False) for m, (B, T, d) in todo]
+    for job in jobs:
+        job["gpu_time"] = False
+    theirs, version = seed.run_seed(jobs, device)
+    theirs = theirs or [{"status": version}] * len(jobs)
+    rows = []
+    for (m, (B, T, d)), job, got in Sweep("layer_cpu", list(zip(todo, jobs, theirs)),
+                                          lambda w: f"{w[0][0]} B{w[0][1][0]}-T{w[0][1][1]}"):
+        mine = seed.ours(job, device)
+        ms = lambda r: r.get("us") and r["us"] / 1e3  # noqa: E731
+        row = {"mixer": m, "B": B, "T": T, "d": d, "ours_ms": ms(mine), "seed_ms": ms(got),
+               "ours_status": mine["status"], "seed_status": got["status"]}
+        row["seed_x"] = row["seed_ms"] / row["ours_ms"] if row["seed_ms"] and row["ours_ms"] else None
+        row["meets_goal"] = None if row["seed_x"] is None else row["seed_x"] >= 1
+        rows.append(row)
+    return rows
+
+
+def summarize(rows, env):
+    short = [f"{r['mixer']} B{r['B']}-T{r['T']}-d{r['d']}" for r in rows if r.get("meets_goal") is False]
+    return {
+        "goal": GOAL,
+        "threads": torch.get_num_threads(),
+        "columns": ["mixer", "B", "T", "d", "ours_ms", "seed_ms", "seed_x", "meets_goal", "ours_status",
+                    "seed_status"],
+        "notes": [f"CPU fwd+bwd of one layer, float32, default constructors, median of a few steps, "
+                  f"{torch.get_num_threads()} torch threads; ours = MINGRU_SCAN=auto (eager on a CPU), the seed's "
+                  "eager path in its own process; both checked against their float64 copies first",
+                  "seed_x = seed ms / ours ms (above 1: ours faster)",
+                  "rows where the seed is faster: " + (", ".join(short) or "none")],
+    }

@@ -1,0 +1,172 @@
+"""The seed (mingru-scans 0.2.0) measured beside ours: its four scans at its shapes and its mixers.
+
+Ours runs in this process, the seed in a separate one (`seed_runner.py`, the seed's folder first on
+sys.path), both through the same functions on the same tensors: inputs, cotangents and float64
+references are made here and handed over in a file. Columns: wall clock (do_bench median), GPU
+clock (kernel durations from a profiler trace), peak memory for the mixers; ratios are seed / ours.
+Goal: at least 2x the seed by GPU clock and never slower by wall clock (mixers: and peak memory no
+higher). Without .peers/mingru-scans the seed's columns say "not measured".
+"""
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import mingru
+from mingru.bench import cases, places, progress, seed_runner, timing
+from mingru.bench.progress import Sweep
+
+NAME, SUBJECT = "seed", "op"
+SHAPES = {"lab": (128, 64), "long-T": (16, 1024)}
+QUICK_SHAPES = {"lab": (2, 8)}
+WIDTH, QUICK_WIDTH = 64, 8
+AFFINE_KV = ((4, 4), (8, 8), (16, 16), (8, 1))  # (8, 1) is GivensMinGRU's generic path
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU", "DeltaMinGRU")
+DTYPES = ("float32", "bfloat16")
+TOLERANCE = {  # against float64 on the same (rounded) inputs, normwise: rtol times the tensor's largest entry
+    "float32": timing.gate((1e-4, 1e-4), (1e-3, 1e-3), True, True,
+                           "float32 against float64, normwise (T steps of rounding in either kernel)"),
+    "bfloat16": timing.gate((2e-2, 2e-2), (5e-2, 5e-2), True, True,
+                            "bfloat16 outputs carry 8 significant bits; normwise"),
+}
+GOAL = "seed / ours >= 2 by GPU clock and >= 1 by wall clock (mixers: peak memory <= the seed's)"
+RUNNER_TIMEOUT_S = 600
+
+
+def op_cases(quick):
+    """(op, dims, shape, dtype, direction) at the seed's shapes; --quick: one tiny op per family."""
+    shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
+    dtypes, kvs = (("float32",), ((4, 2),)) if quick else (DTYPES, AFFINE_KV)
+    for shape, (B, T) in shapes.items():
+        subjects = [("linear_scan", dict(D=width)), ("matrix_affine_scan", dict(n=width // kvs[0][0], k=kvs[0][0], v=kvs[0][1]))]
+        if not quick:
+            subjects = [("parallel_scan_log", dict(D=width)), ("linear_scan", dict(D=width)),
+                        ("matrix_scan", dict(n=width // 2))]
+            subjects += [("matrix_affine_scan", dict(n=width // k, k=k, v=v)) for k, v in kvs]
+        for op, dims in subjects:
+            for dtype in dtypes:
+                for direction in ("fwd", "fwd+bwd"):
+                    yield op, {"B": B, "T": T, **dims}, shape, dtype, direction
+
+
+def mixer_cases(quick):
+    """(mixer, B, T, d) for every mixer both packages have, at the seed's shapes."""
+    shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
+    names = [m for m in MIXERS if hasattr(mingru, m)]
+    return [(m, B, T, width) for m in (names[:1] if quick else names) for B, T in shapes.values()]
+
+
+def op_job(op, dims, dtype, direction, device, reps):
+    """Inputs, cotangents and the float64 references (eager scan in float64) of one op case, on the CPU."""
+    inputs = cases.op_inputs(op, dims, getattr(torch, dtype), device)
+    exact = tuple(None if x is None else x.detach().double().requires_grad_() for x in inputs)
+    with timing.scan_impl("eager"):
+        outs = cases.outputs(getattr(mingru.scans, op), exact)
+        cot = cases.cotangents_for(outs)
+        grads = torch.autograd.grad(outs, [x for x in exact if x is not None], cot) if direction != "fwd" else ()
+    cpu = lambda xs: tuple(None if x is None else x.detach().cpu() for x in xs)  # noqa: E731
+    return {"kind": "op", "name": op, "direction": direction, "inputs": cpu(inputs),
+            "cot": cpu(c.to(getattr(torch, dtype)) for c in cot), "want_out": cpu(outs), "want_grads": cpu(grads),
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True}
+
+
+def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True, seed=0):
+    """A mixer's fwd+bwd on a fresh input x ~ N(0, 1) of shape (B, T, d); default constructor (d, d)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {"kind": "module", "name": name, "args": (d, d), "kwargs": {}, "dtype": dtype, "mode": mode,
+            "x": torch.randn(B, T, d, generator=gen).to(getattr(torch, dtype)), "seed": seed,
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True, "memory": memory}
+
+
+def ours(job, device):
+    """The same job run on our package, in this process, through the runner's functions."""
+    if job["kind"] == "op":
+        with timing.scan_impl("auto"):
+            return seed_runner.run_op(mingru, timing, job, device)
+    build = lambda j: cases.mixer(j["name"], {"d": j["args"][1]})  # noqa: E731
+    return seed_runner.run_module(mingru, timing, job, device, build)
+
+
+def run_seed(jobs, device, timeout=RUNNER_TIMEOUT_S):
+    """The seed's results for `jobs` (one subprocess for all), or (None, why) when it could not run."""
+    if not (places.SEED / "mingru").is_dir():
+        return None, places.NOT_MEASURED.format(".peers/mingru-scans")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, out = Path(tmp) / "jobs.pt", Path(tmp) / "results.json"
+        torch.save({"device": str(device), "jobs": jobs}, spec)
+        try:
+            done = subprocess.run([sys.executable, str(Path(seed_runner.__file__)), str(places.SEED), str(spec),
+                                   str(out)], cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, f"not measured: the seed's runner ran past {timeout} s"
+        if done.returncode != 0 or not out.exists():
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return None, f"not measured: the seed's runner failed ({tail[:160]})"
+        import json
+        data = json.loads(out.read_text())
+        return data["results"], data["version"]
+
+
+def compare(row, mine, theirs, memory=False):
+    """Fill ours_*/seed_* columns, seed/ours ratios and meets_goal of one row."""
+    for side, got in (("ours", mine), ("seed", theirs)):
+        row[f"{side}_us"], row[f"{side}_gpu_us"] = got.get("us"), got.get("gpu_us")
+        row[f"{side}_err"], row[f"{side}_status"] = got.get("err"), got["status"]
+        if memory:
+            row[f"{side}_peak_mb"] = got.get("peak_mb")
+    ratio = lambda a, b: a / b if a and b else None  # noqa: E731
+    row["x_wall"] = ratio(row["seed_us"], row["ours_us"])
+    row["x_gpu"] = ratio(row["seed_gpu_us"], row["ours_gpu_us"])
+    need = [row["x_gpu"], row["x_wall"]] + ([row["ours_peak_mb"], row["seed_peak_mb"]] if memory else [])
+    if any(v is None for v in need):
+        row["meets_goal"] = None
+    else:
+        row["meets_goal"] = (row["x_gpu"] >= 2 and row["x_wall"] >= 1
+                             and (not memory or row["ours_peak_mb"] <= row["seed_peak_mb"]))
+    return row
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    reps = 1 if quick else 3
+    todo = [c for c in op_cases(quick) if keep(c[0])]
+    mixers = [c for c in mixer_cases(quick) if keep(c[0])]
+    jobs = [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
+    jobs += [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    budget = progress.BUDGETS.get(NAME)
+    theirs, version = run_seed(jobs, device, 2 * budget if budget else RUNNER_TIMEOUT_S)
+    VERSION["seed"] = version if theirs is not None else None
+    if theirs is None:
+        theirs = [{"status": version}] * len(jobs)
+    rows = []
+    labelled = [(op, cases.label(dims), shape, dtype, direction) for op, dims, shape, dtype, direction in todo]
+    labelled += [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
+    work = list(zip(labelled, jobs, theirs))
+    for (op, dims, shape, dtype, direction), job, seed_got in Sweep("seed", work, lambda w: " ".join(w[0][:2])):
+        row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
+        rows.append(compare(row, ours(job, device), seed_got, memory=job["kind"] == "module"))
+    return rows
+
+
+VERSION = {"seed": None}
+
+
+def summarize(rows, env):
+    short = [f"{r['op']} {r['dims']} {r['dtype']} {r['direction']}" for r in rows if r.get("meets_goal") is False]
+    return {
+        "seed_version": VERSION["seed"],
+        "goal": GOAL,
+        "tolerances": TOLERANCE,
+        "columns": ["op", "shape", "dims", "dtype", "direction", "ours_us", "seed_us", "x_wall", "ours_gpu_us",
+                    "seed_gpu_us", "x_gpu", "ours_peak_mb", "seed_peak_mb", "meets_goal", "ours_status",
+                    "seed_status"],
+        "notes": ["ours: MINGRU_SCAN=auto in this process; seed: mingru-scans "
+                  f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path",
+                  "*_us: wall clock (do_bench median, host included); *_gpu_us: kernel durations from a "
+                  "torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
+                  "every side checked against float64 before timing (ops: the eager scan in float64 on the "
+                  "same inputs; mixers: the same module in float64, eager); a mismatch is a status, not a time",
+                  f"meets_goal: {GOAL}",
+                  "rows short of the goal: " + ("; ".join(short) or "none")],
+    }

@@ -1,0 +1,126 @@
+"""The measuring protocol's guarantees: no CPU run overwrites GPU results, budgets bound a sweep,
+goals are judged from the data, the seed runs only in its own process, provenance counts commits."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mingru.bench import layer, main, places, precision, progress, results, seed, seed_runner, warm
+from mingru.bench import refusal, run
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+
+
+@no_gpu
+@pytest.mark.parametrize("what", ["precision", "seed", "layer", "speed,layer_cpu"])
+def test_without_a_gpu_no_harness_writes_gpu_results(what, capsys):
+    before = {p: p.stat().st_mtime for p in places.RESULTS.glob("*.json")}
+    with pytest.raises(SystemExit):
+        main([what])
+    assert "need a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        run(what)
+    assert {p: p.stat().st_mtime for p in places.RESULTS.glob("*.json")} == before
+
+
+def test_quick_never_writes_into_results_and_defaults_to_scratch(capsys):
+    with pytest.raises(SystemExit):
+        main(["precision", "--quick", "--out", str(places.RESULTS)])
+    assert "never writes into results/" in capsys.readouterr().err
+    assert refusal(("precision",), True, places.SCRATCH, has_gpu=False) is None
+    from mingru.bench import default_out
+    assert default_out(True) == places.SCRATCH and default_out(False) == places.RESULTS
+    assert default_out(False, has_gpu=False) == places.SCRATCH
+    # the CPU column is a CPU measurement: a full run is valid anywhere, but only a GPU run writes results/
+    assert refusal(("layer_cpu",), False, places.SCRATCH, has_gpu=False) is None
+    assert "nothing writes into results/" in refusal(("layer_cpu",), False, places.RESULTS, has_gpu=False)
+    assert refusal(("layer_cpu", "speed"), False, places.RESULTS, has_gpu=True) is None
+
+
+def test_a_sweep_stops_at_its_budget_and_says_so():
+    progress.BUDGETS["unit"] = 0.0
+    try:
+        seen = []
+        for case in progress.Sweep("unit", range(5)):
+            seen.append(case)
+            import time
+            time.sleep(0.001)
+        assert seen == [0] and progress.SKIPPED["unit"] == 4
+        assert progress.budget_note("unit").startswith("not measured: 4 cases")
+        assert list(progress.Sweep("unit", range(3), budget=60)) == [0, 1, 2]
+        assert progress.budget_note("unit") is None
+    finally:
+        progress.BUDGETS.pop("unit")
+
+
+def test_compile_pool_runs_every_case_in_worker_processes(tmp_path):
+    marks = [(str(tmp_path / f"m{i}"),) for i in range(4)]
+    assert warm.warm("os:mkdir", [], 2) == 0.0
+    assert warm.warm("os:mkdir", marks, 1) == 0.0  # no pool below two workers
+    assert not any((tmp_path / f"m{i}").exists() for i in range(4))
+    assert warm.warm("os:mkdir", marks, 2) > 0
+    assert all((tmp_path / f"m{i}").is_dir() for i in range(4))
+
+
+def test_default_workers_follow_the_device_and_the_environment(monkeypatch):
+    monkeypatch.delenv(warm.WORKERS_ENV, raising=False)
+    assert warm.default_workers("cpu") == 0
+    assert 0 <= warm.default_workers("cuda") <= 8
+    monkeypatch.setenv(warm.WORKERS_ENV, "3")
+    assert warm.default_workers("cuda") == 3
+
+
+@pytest.mark.parametrize("seed_gpu, seed_wall, ours_peak, seed_peak, memory, expected", [
+    (20.0, 20.0, None, None, False, True),     # 2x by GPU clock, faster by wall
+    (19.0, 20.0, None, None, False, False),    # 1.9x by GPU clock
+    (40.0, 9.0, None, None, False, False),     # slower by wall clock
+    (40.0, 20.0, 5.0, 4.0, True, False),       # more memory than the seed
+    (40.0, 20.0, 4.0, 4.0, True, True),
+    (None, 20.0, None, None, False, None),     # not measured: no verdict
+])
+def test_seed_goal_is_judged_from_the_data(seed_gpu, seed_wall, ours_peak, seed_peak, memory, expected):
+    mine = {"us": 10.0, "gpu_us": 10.0, "status": "ok", "peak_mb": ours_peak}
+    theirs = {"us": seed_wall, "gpu_us": seed_gpu, "status": "ok", "peak_mb": seed_peak}
+    row = seed.compare({}, mine, theirs, memory)
+    assert row["meets_goal"] is expected
+
+
+def test_missing_seed_means_not_measured(monkeypatch, tmp_path):
+    monkeypatch.setattr(places, "SEED", tmp_path / "absent")
+    got, why = seed.run_seed([], "cpu")
+    assert got is None and why.startswith("not measured") and "make peers" in why
+
+
+def test_seed_runner_refuses_when_mingru_is_not_the_seed(tmp_path):
+    empty = tmp_path / "no-seed"
+    empty.mkdir()
+    done = subprocess.run([sys.executable, seed_runner.__file__, str(empty), "x", "y"], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(places.REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "not the seed" in done.stderr
+
+
+def test_layer_goal_reads_lucidrains_rows():
+    def row(name, gpu):
+        return {"competitor": name, "B": 1, "T": 2, "d": 3, "gpu_us": gpu}
+    rows = [row(layer.OURS, 10.0), row("lucidrains minGRU (compiled)", 12.0), row("lucidrains minGRU (eager)", 19.0)]
+    assert layer.judge(rows) == ["B1-T2-d3"]  # eager is only 1.9x ours
+    assert rows[0]["vs_lucidrains_compiled_x"] == pytest.approx(1.2) and rows[0]["meets_goal"] is False
+    rows[2]["gpu_us"] = 20.0
+    assert layer.judge(rows) == [] and rows[0]["meets_goal"] is True
+
+
+def test_provenance_counts_the_commits_between(tmp_path):
+    git = lambda *a: subprocess.run(["git", *a], cwd=places.REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head, parent = git("rev-parse", "HEAD"), git("rev-parse", "HEAD~1")
+    assert results.commits_between(head) == 0 and results.commits_between(parent) == 1
+    assert "1 commit(s) after" in results.provenance({"git_commit": parent, "gpu": "G", "date": "d"})
+    assert "not in this clone" in results.provenance({"git_commit": "f" * 40, "gpu": "G", "date": "d"})
+    (tmp_path / "x.json").write_text(json.dumps({"env": {"git_commit": head, "gpu": "G", "date": "d"}, "rows": []}))
+    assert results.load("x", tmp_path, quiet=True)["rows"] == []
+    assert results.load("absent", tmp_path) is None
+
+
+def test_precision_is_a_harness_with_a_figure():
+    assert precision.NAME == "precision" and callable(precision.measure) and callable(precision.summarize)
