@@ -16,7 +16,7 @@ from mingru.bench.timing import scan_impl
 OP_DIMS = {"linear_recurrence": dict(B=2, D=3, h0=True), "parallel_scan_log": dict(B=2, D=3),
            "matrix_recurrence": dict(B=2, n=2, k=2, v=2, h0=True),
            "rotation_recurrence": dict(B=1, n=2, k=4, L=2, h0=True)}
-MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU[fused]", "GivensMinGRU[generic]")
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU[generic]")
 MIXER_DIMS = dict(B=2, d=4, k=2, L=2)
 LENGTHS = {2: 7, 3: 10, 4: 9}  # never a multiple of the world size
 

@@ -16,8 +16,7 @@ from mingru import naive
 
 DIAGONAL = ("linear_scan", "linear_recurrence", "parallel_scan_log")
 OPS = DIAGONAL + ("matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence")
-MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU[fused]", "RotationMinGRU[generic]",
-          "GivensMinGRU[fused]", "GivensMinGRU[generic]")
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU[fused]", "GivensMinGRU[generic]")
 
 
 @dataclass
@@ -60,12 +59,12 @@ def mixer(name, dims):
     """Our mixer `name` ('GivensMinGRU[fused]', 'MinGRU', ...) at width dims['d'].
 
     The one place that calls the mixers' constructors: MinGRU and SignedMinGRU take
-    (input_size, hidden_size); the path and the Givens block size and rounds are keywords here.
+    (input_size, hidden_size); Givens' path, block size (k) and rounds (L Givens layers) are keywords.
     """
     base, _, path = name.partition("[")
     kwargs = {"fused": path.startswith("fused")} if path else {}
     if base == "GivensMinGRU":
-        kwargs.update(k=dims.get("k", 8), layers=dims.get("L"))
+        kwargs.update(block_size=dims.get("k", 8), rounds=dims.get("L", 3))
     return getattr(mingru, base)(dims["d"], dims["d"], **kwargs)
 
 

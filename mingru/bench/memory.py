@@ -8,8 +8,7 @@ from mingru.bench.timing import failure, peak_mb, scan_impl
 
 NAME, SUBJECT = "scan_memory", "mixer"
 LAB, QUICK_LAB = dict(B=128, T=64, d=64), dict(B=2, T=8, d=8, k=4, L=2)
-LAB_MIXERS = ("GivensMinGRU[fused]", "GivensMinGRU[generic]", "RotationMinGRU[fused]",
-              "RotationMinGRU[generic]")
+LAB_MIXERS = ("GivensMinGRU[fused]", "GivensMinGRU[generic]", "RotationMinGRU")
 VS_T, QUICK_VS_T = (64, 128, 256, 512, 1024, 2048, 4096), (4, 8)
 VS_T_B, QUICK_VS_T_B = 16, 1
 QUICK_LAB_MIXERS, QUICK_VS_T_MIXERS = LAB_MIXERS[2:], LAB_MIXERS[2:3]  # the interpreter is slow

@@ -18,7 +18,7 @@ QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
 # --quick runs one subject per code path (diagonal op, matrix op, fused and generic mixer):
 # every subject goes through the same functions, and the interpreter is slow.
-QUICK_SUBJECTS = ("linear_scan", "matrix_affine_scan", "RotationMinGRU[fused]", "RotationMinGRU[generic]")
+QUICK_SUBJECTS = ("linear_scan", "matrix_affine_scan", "GivensMinGRU[fused]", "GivensMinGRU[generic]")
 DIRECTIONS = ("fwd", "fwd+bwd")
 # torch.compile is measured on the seed's four ops at the lab shape: inductor spends seconds per
 # subject and direction, which the run's time budget cannot spend on every mixer and shape.
@@ -27,7 +27,7 @@ COMPILED_SHAPE = "lab"
 NOT_COMPILED = "not measured (the compile baseline covers the seed's four ops at the lab shape)"
 
 
-def subjects(width, k=8, layers=6):
+def subjects(width, k=8, layers=3):
     """The seed's ops at hidden width `width` (n = width / k blocks), the states-only ops, the mixers.
 
     k and layers are GivensMinGRU's (k=8, rounds=3); --quick shrinks them to keep the interpreter fast.
@@ -39,7 +39,6 @@ def subjects(width, k=8, layers=6):
     yield "matrix_affine_scan", dict(n=width // k, k=k, v=1)
     yield "matrix_recurrence", dict(n=width // k, k=k, v=1)        # GivensMinGRU's generic path
     yield "rotation_recurrence", dict(n=width // k, k=k, L=layers)  # GivensMinGRU's fused path
-    yield "rotation_recurrence", dict(n=width // 2, k=2, L=1)       # RotationMinGRU's fused path
     for mixer in cases.MIXERS:
         yield mixer, dict(d=width, k=k, L=layers) if mixer.startswith("Givens") else dict(d=width)
 
@@ -109,7 +108,7 @@ def compile_backend(device):
 
 
 def measure(device, quick, env, keep=lambda name: True):
-    shapes, width, k, layers = (QUICK_SHAPES, QUICK_WIDTH, 4, 2) if quick else (SHAPES, WIDTH, 8, 6)
+    shapes, width, k, layers = (QUICK_SHAPES, QUICK_WIDTH, 4, 2) if quick else (SHAPES, WIDTH, 8, 3)
     todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
             for name, dims in subjects(width, k, layers)
             if keep(name) and (not quick or name in QUICK_SUBJECTS)]
