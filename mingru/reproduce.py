@@ -23,13 +23,14 @@ RESULTS = ROOT / "results"
 HARNESSES = {
     "layout": ("02", 15), "precision": ("03", 10), "speed": ("04", 75), "roofline": ("04", 35),
     "peers": ("04", 25), "seed": ("04", 40), "layer": ("04", 45), "layer_cpu": ("04", 25),
-    "memory": ("05", 20), "parity": ("06", 60),
+    "memory": ("05", 20), "parity": ("06", 60), "scaling": ("08", 15),
 }
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
              "03": "TF32 vs IEEE errors (the interpreter ignores input_precision)",
              "04": "speed, roofline, peer, seed and layer timings", "05": "peak CUDA memory",
-             "06": "the parity harness over the whole envelope"}
+             "06": "the parity harness over the whole envelope",
+             "08": "the sequence-parallel cost model on a GPU (NCCL rows need >= 2 GPUs)"}
 
 
 def chapters():

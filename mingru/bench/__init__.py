@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 HARNESSES = ("speed", "roofline", "memory", "parity", "peers", "layout", "precision", "seed", "layer",
-             "layer_cpu")
+             "layer_cpu", "scaling")
 CPU_HARNESSES = ("layer_cpu",)  # they measure the CPU: a full run is valid on any machine
 
 

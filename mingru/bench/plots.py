@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from mingru.bench import precision, report
+from mingru.bench import precision, report, scaling
 from mingru.bench.places import RESULTS
 from mingru.bench.results import read
 
@@ -290,6 +290,7 @@ def layer_cpu_steps(data):
 
 FIGURES = {
     "precision": {"tf32": precision.plot},
+    "scaling": {"ranks": scaling.figure},
     "seed": {"ratios": seed_ratios},
     "layer": {"steps": layer_steps},
     "layer_cpu": {"steps": layer_cpu_steps},

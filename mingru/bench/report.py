@@ -10,6 +10,7 @@ TITLES = {
     "scan_parity": "Parity of every kernel with the eager reference",
     "peers": "Diagonal recurrences against peer libraries",
     "kernel_layout": "linear_scan forward by kernel layout",
+    "scaling": "Sequence parallelism: one rank's cost and scaling over ranks",
 }
 
 

@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 from mingru import distributed
 from mingru.bench import cases
 from mingru.bench.parity import failure
-from mingru.bench.timing import Progress, median_us
+from mingru.bench.progress import Sweep
+from mingru.bench.timing import median_us
 
 NAME, SUBJECT = "scaling", "subject"
 SUBJECTS = ("MinGRU", "GivensMinGRU[fused]")
@@ -147,9 +148,8 @@ def model_rows(device, quick, keep):
     dims, t_rank, ranks = (QUICK_DIMS, QUICK_T_PER_RANK, QUICK_RANKS) if quick else (DIMS, T_PER_RANK, RANKS)
     total = t_rank * max(ranks)
     todo = [(name, P) for name in SUBJECTS if keep(name) for P in ranks]
-    progress, rows = Progress("scaling model", len(todo)), []
-    for name, P in todo:
-        progress(f"{name} P={P}")
+    rows = []
+    for name, P in Sweep("scaling", todo, lambda c: f"{c[0]} P={c[1]}"):
         run_dims = {**dims, "T": total // P, **({"k": 4, "L": 2} if quick and "Givens" in name else {})}
         row = {"case": "model", "subject": name, "ranks": P, "T_total": total, "T_rank": total // P, **dims}
         try:
