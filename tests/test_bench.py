@@ -12,10 +12,10 @@ from mingru.bench.timing import scan_impl, within
 ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "git_commit", "git_dirty", "date",
             "copy_gbps", "copy_method", "smoke")
 STATUS_PREFIXES = ("ok", "fallback:", "failed:", "wrong:", "skipped:", "not installed", "import failed:",
-                   "compile ", "triton ", "not measured")
+                   "compile ", "triton ", "not measured", "needs >= 2 GPUs")
 NAMES = {"speed": "scan_bench", "roofline": "roofline", "memory": "scan_memory", "parity": "scan_parity",
          "peers": "peers", "layout": "kernel_layout", "precision": "precision", "seed": "seed", "layer": "layer",
-         "layer_cpu": "layer_cpu"}
+         "layer_cpu": "layer_cpu", "scaling": "scaling"}
 interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU path")
 
 
