@@ -105,7 +105,8 @@ def sharded_vs_whole(name, dims, dtype, bounds, group=None, device="cpu", seed=0
             g_mine, g_whole = g_mine[:, first:], g_whole[:, span[0] + first:span[1]]
         pairs.append((f"grad {i}", g_mine, g_whole))
     for j, (g_mine, g_whole) in enumerate(zip(my_grads[len(leaf_spans):], grads[len(leaf_spans):])):
-        g_mine = g_mine.clone()
+        # a learned h0 only reaches the scan on rank 0: elsewhere it gets no gradient (None)
+        g_mine = torch.zeros_like(g_whole) if g_mine is None else g_mine.clone()
         dist.all_reduce(g_mine, group=group)
         pairs.append((f"param grad {j}", g_mine, g_whole))
     return pairs
