@@ -1,0 +1,304 @@
+"""DeltaMinGRU: a per-head d_k x d_v associative memory written by the (gated) delta rule.
+
+Per head and token t, the carried memory is first decayed, then each of nh micro-steps j applies
+one generalized Householder update (nh = 1 is DeltaNet, nh > 1 is DeltaProduct):
+
+    H <- gamma_t H
+    H <- (I - beta_tj k_tj k_tj^T) H + beta_tj k_tj v_tj^T        j = 1 .. nh
+    y_t = H^T q_t
+
+`delta_rule_recurrent` runs this token by token (the oracle, and `step`); `delta_rule_chunked`
+computes the same function chunk by chunk in the WY form: within a chunk of C tokens
+(M = C nh micro-steps) the pseudo-values u_i = v_i - (gamma_i H_{i-1})^T k_i (what micro-step i
+writes) solve one unit lower triangular system (the UT transform), every chunk at once, so that
+the chunk maps its start state
+affinely, H_end = A H_start + B with A (d_k x d_k). Only the chaining of these maps is sequential
+over chunks (a loop, or a log-depth scan).
+"""
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mingru import scans
+from mingru.decay import DecayMixin
+
+# In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
+# blur the decay of its neighbours; exp(-88) is already 0 in float32, so clamping there changes
+# no gate while keeping the cumulative sums exact.
+LOG_GAMMA_FLOOR = -88.0
+# lambda * f(delta_t) above this (in float32) saturates: such gaps all erase the memory alike.
+SATURATION_WARN = 1e4
+
+
+def _micro_steps(k, v, beta):
+    """Bring k (B,T,nh,H,d_k), v (B,T,nh,H,d_v), beta (B,T,nh,H) in; nh may be left out."""
+    if k.dim() == 4:
+        k, v, beta = k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2)
+    return k, v, beta
+
+
+def _check_delta_inputs(q, k, v, beta, log_gamma, h_0):
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape (B, T, H, d_k), got {tuple(q.shape)}")
+    B, T, H, d_k = q.shape
+    if k.dim() not in (4, 5):
+        raise ValueError(f"k must have shape (B, T, nh, H, d_k) or (B, T, H, d_k), got {tuple(k.shape)}")
+    k, v, beta = _micro_steps(k, v, beta)
+    nh = k.shape[2]
+    if tuple(k.shape) != (B, T, nh, H, d_k):
+        raise ValueError(f"k must have shape (B, T, nh, H, d_k) = {(B, T, nh, H, d_k)} to match q, "
+                         f"got {tuple(k.shape)}")
+    if v.dim() != 5 or tuple(v.shape[:4]) != (B, T, nh, H):
+        raise ValueError(f"v must have shape (B, T, nh, H, d_v) with (B, T, nh, H) = {(B, T, nh, H)}, "
+                         f"got {tuple(v.shape)}")
+    if tuple(beta.shape) != (B, T, nh, H):
+        raise ValueError(f"beta must have shape (B, T, nh, H) = {(B, T, nh, H)}, got {tuple(beta.shape)}")
+    if log_gamma is not None and tuple(log_gamma.shape) != (B, T, H):
+        raise ValueError(f"log_gamma must have shape (B, T, H) = {(B, T, H)}, got {tuple(log_gamma.shape)}")
+    want = (B, H, d_k, v.shape[-1])
+    if h_0 is not None and tuple(h_0.shape) != want:
+        raise ValueError(f"h_0 must have shape (B, H, d_k, d_v) = {want}, got {tuple(h_0.shape)}")
+    return k, v, beta
+
+
+def token_update(h, k, v, beta, log_gamma=None):
+    """One token of the recurrence on h (B,H,d_k,d_v): k (B,nh,H,d_k), v (B,nh,H,d_v), beta (B,nh,H)."""
+    if log_gamma is not None:
+        h = h * log_gamma.exp()[..., None, None]
+    for j in range(k.shape[1]):
+        kj, bj = k[:, j], beta[:, j, :, None, None]
+        u = v[:, j] - torch.einsum("bhk,bhkv->bhv", kj, h)
+        h = h + bj * kj.unsqueeze(-1) * u.unsqueeze(-2)
+    return h
+
+
+def delta_rule_recurrent(q, k, v, beta, log_gamma=None, h_0=None):
+    """The sequential oracle of `delta_rule_chunked`: same arguments, same result, one token a step."""
+    k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
+    B, T, H, d_k = q.shape
+    h = q.new_zeros(B, H, d_k, v.shape[-1]) if h_0 is None else h_0
+    ys = []
+    for t in range(T):
+        h = token_update(h, k[:, t], v[:, t], beta[:, t], None if log_gamma is None else log_gamma[:, t])
+        ys.append(torch.einsum("bhk,bhkv->bhv", q[:, t], h))
+    y = torch.stack(ys, 1) if ys else q.new_zeros(B, 0, H, v.shape[-1])
+    return y, h
+
+
+def _to_chunks(x, N, C):
+    """(B, T, nh, H, d) -> (N, B, H, C*nh, d), zero-padded to N*C tokens, token-major micro-steps."""
+    B, T, nh, H, d = x.shape
+    x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, N * C - T))
+    return x.reshape(B, N, C, nh, H, d).permute(1, 0, 4, 2, 3, 5).reshape(N, B, H, C * nh, d)
+
+
+def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, across="loop"):
+    """The delta rule over a whole sequence, chunk-parallel; returns (y (B,T,H,d_v), h_T (B,H,d_k,d_v)).
+
+    q (B,T,H,d_k); k (B,T,nh,H,d_k); v (B,T,nh,H,d_v); beta (B,T,nh,H); with nh = 1 the nh axis
+    may be left out. log_gamma (B,T,H) <= 0 decays the memory once per token before its updates
+    (None: no decay); h_0 (B,H,d_k,d_v) defaults to zeros. The readout is y_t = H_t^T q_t with no
+    scale, and k is used as given (the mixer L2-normalizes it). chunk_size changes only rounding;
+    padded tokens carry beta = 0 and gamma = 1, the identity. Half-precision inputs are computed
+    in float32 and the results cast back. `across` picks how the chunk-to-chunk affine maps are
+    chained: "loop" (one batched matmul a chunk) or "scan" (log-depth doubling, more arithmetic
+    in fewer, larger launches).
+    """
+    k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
+    if not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if across not in ("loop", "scan"):
+        raise ValueError(f"across must be 'loop' or 'scan', got {across!r}")
+    B, T, nh, H, d_k = k.shape
+    d_v = v.shape[-1]
+    out_dtype = q.dtype
+    if out_dtype in (torch.float16, torch.bfloat16):  # the triangular solve needs float32
+        q, k, v, beta = (x.float() for x in (q, k, v, beta))
+        log_gamma = None if log_gamma is None else log_gamma.float()
+        h_0 = None if h_0 is None else h_0.float()
+    h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
+    if T == 0:
+        return q.new_zeros(B, 0, H, d_v).to(out_dtype), h.to(out_dtype)
+    C = min(chunk_size, T)
+    N = -(-T // C)
+    M = C * nh
+    Q = _to_chunks(q.unsqueeze(2), N, C)                 # (N,B,H,C,d_k)
+    K = _to_chunks(k, N, C)                              # (N,B,H,M,d_k)
+    V = _to_chunks(v, N, C)                              # (N,B,H,M,d_v)
+    b = _to_chunks(beta.unsqueeze(-1), N, C).squeeze(-1)  # (N,B,H,M)
+
+    token = torch.arange(M, device=q.device) // nh       # micro-step -> token within the chunk
+    strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
+    causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
+
+    # T[i, l] = beta_l (k_i . k_l) P_i / P_l for micro-steps l < i; unit diagonal implied.
+    tri = (K @ K.transpose(-1, -2)) * b.unsqueeze(-2)
+    read = (Q @ K.transpose(-1, -2)) * b.unsqueeze(-2)   # (N,B,H,C,M): beta_l (q_t . k_l)
+    carry_w = b                                          # weight of u_l in the chunk-end state
+    Kh, Qh = K, Q                                        # the start state seen through P
+    if log_gamma is not None:
+        lg = _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
+        cum_t = lg.cumsum(-1)                            # log P at each token, chunk-relative
+        cum_m = cum_t.repeat_interleave(nh, dim=-1)      # ... at each micro-step
+        tri = tri * (cum_m[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
+        read = read * (cum_t[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
+        carry_w = b * (cum_t[..., -1:] - cum_m).exp()
+        Kh = K * cum_m.exp().unsqueeze(-1)
+        Qh = Q * cum_t.exp().unsqueeze(-1)
+    tri = tri.masked_fill(~strict, 0.0)
+    read = read.masked_fill(~causal, 0.0)
+    # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
+    UW = torch.linalg.solve_triangular(tri, torch.cat([V, Kh], -1), upper=False, unitriangular=True)
+    U0, W = UW.split([d_v, d_k], dim=-1)
+    Kc = (carry_w.unsqueeze(-1) * K).transpose(-1, -2)  # (N,B,H,d_k,M)
+    eye = torch.eye(d_k, dtype=q.dtype, device=q.device)
+    P_end = eye if log_gamma is None else cum_t[..., -1:, None].exp() * eye
+    A = P_end - Kc @ W                                   # H_end = A H_start + Bc
+    Bc = Kc @ U0
+    Qt = Qh - read @ W                                   # y = Qt H_start + Y0
+    Y0 = read @ U0
+
+    if across == "scan":
+        after = scans.matrix_recurrence(A.transpose(0, 1), Bc.transpose(0, 1), h)  # (B,N,H,d_k,d_v)
+        Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)
+        h = after[:, -1]
+    else:
+        Hs, h = _chunk_loop(A, Bc, h)
+    y = Qt @ Hs + Y0                                     # (N,B,H,C,d_v)
+    y = y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
+    return y.to(out_dtype), h.to(out_dtype)
+
+
+def _chunk_loop(A, Bc, h):
+    """States at every chunk start, (N,B,H,d_k,d_v), and the final state, by H <- A_n H + Bc_n."""
+    N, B, H, d_k, d_v = Bc.shape
+    # unbind, not A[n]: the backward of N separate selects would fill N full-size zero gradients
+    As, Bcs = A.reshape(N, B * H, d_k, d_k).unbind(0), Bc.reshape(N, B * H, d_k, d_v).unbind(0)
+    h = h.reshape(B * H, d_k, d_v)
+    starts = []
+    for A_n, Bc_n in zip(As, Bcs):
+        starts.append(h)
+        h = torch.baddbmm(Bc_n, A_n, h)
+    return torch.stack(starts).view(N, B, H, d_k, d_v), h.view(B, H, d_k, d_v)
+
+
+class DeltaMinGRU(DecayMixin, nn.Module):
+    """n_heads associative memories H (d_k x d_v each) written by nh delta-rule updates a token.
+
+    Per micro-step j: k = normalize(linear_k[j](x)), v = linear_v[j](x),
+    beta = 2 sigmoid(linear_beta[j](x)) in (0, 2) (beta = 2 with a unit k is a reflection);
+    q = linear_q(x), and the heads' readouts H^T q go through out_proj to hidden_size.
+    The memory starts empty (zeros) unless h_0 is given; with decay, gamma = exp(-lambda f(dt))
+    (one rate per head when learnable) scales the carried memory once per token, before its
+    updates. `forward` runs `delta_rule_chunked`; `step` runs one token of the recurrence.
+    The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
+    (B, n_heads d_k d_v) in `step`. There is no Triton kernel here: every MINGRU_SCAN mode runs
+    the same torch code, which `torch.compile` takes whole.
+    """
+
+    carries_matrix_state = True
+
+    def __init__(self, input_size, hidden_size, bias=True, n_heads=4, nh=1, d_k=None, d_v=None,
+                 chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("n_heads", n_heads), ("nh", nh), ("chunk_size", chunk_size),
+                            ("d_k", 1 if d_k is None else d_k), ("d_v", 1 if d_v is None else d_v)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if d_k is None and hidden_size % n_heads:
+            raise ValueError(f"hidden_size ({hidden_size}) must be divisible by n_heads ({n_heads}) "
+                             "when d_k is not given (d_k defaults to hidden_size // n_heads)")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.n_heads, self.nh, self.chunk_size = n_heads, nh, chunk_size
+        self.d_k = hidden_size // n_heads if d_k is None else d_k
+        self.d_v = self.d_k if d_v is None else d_v
+        # Created in mingru-scans' order, so one torch.manual_seed gives both the same weights.
+        self.linear_q = nn.Linear(input_size, n_heads * self.d_k, bias=bias)
+        self.linear_k = nn.ModuleList(nn.Linear(input_size, n_heads * self.d_k, bias=bias)
+                                      for _ in range(nh))
+        self.linear_v = nn.ModuleList(nn.Linear(input_size, n_heads * self.d_v, bias=bias)
+                                      for _ in range(nh))
+        self.linear_beta = nn.ModuleList(nn.Linear(input_size, n_heads, bias=bias) for _ in range(nh))
+        self.out_proj = nn.Linear(n_heads * self.d_v, hidden_size, bias=bias)
+        self._warned_saturation = False
+        self._init_decay(decay, decay_rate, log1p_delta, num_channels=n_heads)
+
+    @property
+    def state_size(self):
+        return self.n_heads * self.d_k * self.d_v
+
+    def _heads(self, x):
+        """q (..., H, d_k), k (..., nh, H, d_k) unit norm, v (..., nh, H, d_v), beta (..., nh, H)."""
+        layers = [self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta]
+        weight = torch.cat([lin.weight for lin in layers])
+        bias = None if self.linear_q.bias is None else torch.cat([lin.bias for lin in layers])
+        H, nh, d_k, d_v = self.n_heads, self.nh, self.d_k, self.d_v
+        q, k, v, beta = F.linear(x, weight, bias).split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
+        lead = x.shape[:-1]
+        k = F.normalize(k.reshape(*lead, nh, H, d_k), dim=-1)
+        return (q.reshape(*lead, H, d_k), k, v.reshape(*lead, nh, H, d_v),
+                2 * torch.sigmoid(beta.reshape(*lead, nh, H)))
+
+    def _log_gamma(self, dt, lead):
+        """log gamma per head, (*lead, n_heads); float32 and below are clamped at LOG_GAMMA_FLOOR."""
+        log_gamma = self._decay_log_gamma(dt).expand(*lead, self.n_heads)
+        if log_gamma.dtype != torch.float64:
+            if (not self._warned_saturation and log_gamma.device.type == "cpu"
+                    and not torch.compiler.is_compiling()
+                    and bool((log_gamma < -SATURATION_WARN).any())):
+                self._warned_saturation = True
+                warnings.warn(f"lambda * delta_t exceeds {SATURATION_WARN:g}: those tokens erase the "
+                              "memory and larger gaps cannot be told apart; use log1p_delta=True or "
+                              "rescale delta_t to keep them distinct", stacklevel=3)
+            log_gamma = log_gamma.clamp(min=LOG_GAMMA_FLOOR)
+        return log_gamma
+
+    def _check_x(self, x, shape):
+        ndim = shape.count(",") + 1
+        if not isinstance(x, torch.Tensor) or x.dim() != ndim or x.shape[-1] != self.input_size:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape {shape} with input_size = {self.input_size}, got {got}")
+
+    def _state(self, h, want, name, like):
+        if h is None:
+            return like.new_zeros(want[0], self.n_heads, self.d_k, self.d_v)
+        if not isinstance(h, torch.Tensor) or tuple(h.shape) != want:
+            got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise ValueError(f"{name} must have shape {want} (B, {'1, ' if len(want) == 3 else ''}"
+                             f"n_heads*d_k*d_v), got {got}")
+        return h.reshape(want[0], self.n_heads, self.d_k, self.d_v)
+
+    def forward(self, x, h_0=None, delta_t=None, return_state=False):
+        """x (B, T, input_size) -> y (B, T, hidden_size), or (y, h_T (B, 1, n_heads d_k d_v))."""
+        self._check_x(x, "(B, T, input_size)")
+        B, T, _ = x.shape
+        dt = self._prepare_decay(delta_t, (B, T))
+        h = self._state(h_0, (B, 1, self.state_size), "h_0", x)
+        log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
+        y, h = delta_rule_chunked(*self._heads(x), log_gamma, h, self.chunk_size)
+        y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))
+        return (y, h.reshape(B, 1, self.state_size)) if return_state else y
+
+    @torch.no_grad()
+    def step(self, x_t, h_prev=None, delta_t=None):
+        """x_t (B, input_size), h_prev (B, n_heads d_k d_v) -> (y_t (B, hidden_size), h_t like h_prev)."""
+        self._check_x(x_t, "(B, input_size)")
+        B = x_t.shape[0]
+        dt = self._prepare_decay(delta_t, (B,))
+        h = self._state(h_prev, (B, self.state_size), "h_prev", x_t)
+        q, k, v, beta = self._heads(x_t)
+        h = token_update(h, k, v, beta, None if dt is None else self._decay_log_gamma(dt))
+        y = torch.einsum("bhk,bhkv->bhv", q, h).reshape(B, self.n_heads * self.d_v)
+        return self.out_proj(y), h.reshape(B, self.state_size)
+
+    def extra_repr(self):
+        return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, n_heads={self.n_heads}, "
+                f"nh={self.nh}, d_k={self.d_k}, d_v={self.d_v}, chunk_size={self.chunk_size}, "
+                f"decay={self.decay!r}")

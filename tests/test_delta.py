@@ -1,0 +1,242 @@
+"""DeltaMinGRU: the chunked WY form equals the token-by-token recurrence, chains, compiles,
+rejects bad input by name, and matches mingru-scans 0.2.0 from the same state_dict."""
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradutil import outputs_and_grads
+from mingru.delta import DeltaMinGRU, delta_rule_chunked, delta_rule_recurrent
+
+SEED = Path(__file__).resolve().parents[1] / ".peers" / "mingru-scans"
+f64 = torch.float64
+
+
+def _inputs(B, T, H, d_k, d_v, nh, gated, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, d_k, generator=g, dtype=f64)
+    k = F.normalize(torch.randn(B, T, nh, H, d_k, generator=g, dtype=f64), dim=-1)
+    v = torch.randn(B, T, nh, H, d_v, generator=g, dtype=f64)
+    beta = 2 * torch.rand(B, T, nh, H, generator=g, dtype=f64)
+    h_0 = torch.randn(B, H, d_k, d_v, generator=g, dtype=f64)
+    log_gamma = -torch.rand(B, T, H, generator=g, dtype=f64) if gated else None
+    return [q, k, v, beta, h_0] + ([log_gamma] if gated else [])
+
+
+def _call(fn, **options):
+    """fn over the flat input list _inputs builds (log_gamma last, when there is one)."""
+    def run(q, k, v, beta, h_0, log_gamma=None):
+        return fn(q, k, v, beta, log_gamma=log_gamma, h_0=h_0, **options)
+    return run
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("nh", [1, 2], ids=["nh1", "nh2"])
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 64], ids=lambda c: f"C{c}")
+def test_chunked_equals_recurrent_with_gradients(chunk_size, nh, gated):
+    inputs = _inputs(2, 13, 3, 5, 4, nh, gated)          # T = 13 is no multiple of 4 or 5
+    g = torch.Generator().manual_seed(1)
+    cot = [torch.randn(2, 13, 3, 4, generator=g, dtype=f64), torch.randn(2, 3, 5, 4, generator=g, dtype=f64)]
+    want, want_grads = outputs_and_grads(_call(delta_rule_recurrent), inputs, cot)
+    for across in ("loop", "scan"):
+        got, got_grads = outputs_and_grads(_call(delta_rule_chunked, chunk_size=chunk_size, across=across),
+                                           inputs, cot)
+        for a, b in zip(got + got_grads, want + want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=across)
+
+
+def test_nh_axis_may_be_left_out_at_nh_1():
+    q, k, v, beta, h_0 = _inputs(2, 7, 2, 4, 3, 1, False)
+    full = delta_rule_chunked(q, k, v, beta, h_0=h_0, chunk_size=3)
+    short = delta_rule_chunked(q, k[:, :, 0], v[:, :, 0], beta[:, :, 0], h_0=h_0, chunk_size=3)
+    for a, b in zip(full, short):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(nh=1), dict(nh=2, decay="learnable", chunk_size=3),
+                                    dict(nh=3, decay="fixed", decay_rate=0.3, d_k=3, d_v=2)],
+                         ids=["deltanet", "deltaproduct-learnable", "nh3-fixed-dk3-dv2"])
+def test_mixer_forward_equals_steps(kwargs):
+    torch.manual_seed(0)
+    m = DeltaMinGRU(5, 8, n_heads=2, **kwargs).double()
+    x = torch.randn(2, 9, 5, dtype=f64)
+    dt = torch.rand(2, 9, dtype=f64) * 3 if m.decay else None
+    h_0 = torch.randn(2, 1, m.state_size, dtype=f64)
+    y, h_T = m(x, h_0=h_0, delta_t=dt, return_state=True)
+    h, ys = h_0[:, 0], []
+    for t in range(x.shape[1]):
+        y_t, h = m.step(x[:, t], h, None if dt is None else dt[:, t])
+        ys.append(y_t)
+    torch.testing.assert_close(y, torch.stack(ys, 1), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(h_T[:, 0], h, rtol=1e-10, atol=1e-10)
+
+
+def test_returned_state_chains_two_calls_outputs_and_gradients():
+    torch.manual_seed(0)
+    m = DeltaMinGRU(4, 6, n_heads=2, nh=2, chunk_size=4, decay="learnable").double()
+    x, dt = torch.randn(2, 11, 4, dtype=f64), torch.rand(2, 11, dtype=f64)
+
+    def run(split):
+        m.zero_grad()
+        if split is None:
+            y, h = m(x, delta_t=dt, return_state=True)
+        else:
+            y1, s = m(x[:, :split], delta_t=dt[:, :split], return_state=True)
+            y2, h = m(x[:, split:], h_0=s, delta_t=dt[:, split:], return_state=True)
+            y = torch.cat([y1, y2], 1)
+        (y.sin().sum() + h.square().sum()).backward()
+        return [y, h] + [p.grad.clone() for p in m.parameters()]
+
+    for a, b in zip(run(5), run(None)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_compiles_without_graph_breaks():
+    torch.manual_seed(0)
+    m = DeltaMinGRU(4, 8, n_heads=2, nh=2, chunk_size=4)
+    x = torch.randn(2, 10, 4)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    y, h = compiled(x, return_state=True)
+    (y.sum() + h.sum()).backward()
+    want_y, want_h = m(x, return_state=True)
+    torch.testing.assert_close(y, want_y)
+    torch.testing.assert_close(h, want_h)
+    # the gated core and the scan chaining (decay's CPU-only delta_t inspection is host-side)
+    inputs = _inputs(2, 9, 2, 4, 4, 2, True)
+    run = _call(delta_rule_chunked, chunk_size=4, across="scan")
+    y, h = torch.compile(run, fullgraph=True, backend="aot_eager")(*inputs)
+    for a, b in zip((y, h), run(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="n_heads"):
+        DeltaMinGRU(4, 10, n_heads=4)
+    for name in ("n_heads", "nh", "chunk_size"):
+        with pytest.raises(ValueError, match=name):
+            DeltaMinGRU(4, 8, **{name: 0})
+    with pytest.raises(ValueError, match="decay"):
+        DeltaMinGRU(4, 8, decay="linear")
+    m = DeltaMinGRU(4, 8, n_heads=2)
+    with pytest.raises(ValueError, match="x must have shape"):
+        m(torch.randn(2, 5, 3))
+    with pytest.raises(ValueError, match="h_0 must have shape"):
+        m(torch.randn(2, 5, 4), h_0=torch.zeros(2, m.state_size))
+    with pytest.raises(ValueError, match="h_prev must have shape"):
+        m.step(torch.randn(2, 4), torch.zeros(2, 1, m.state_size))
+    with pytest.raises(ValueError, match="delta_t"):
+        m(torch.randn(2, 5, 4), delta_t=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="delta_t"):
+        DeltaMinGRU(4, 8, n_heads=2, decay="fixed")(torch.randn(2, 5, 4))
+    q, k, v, beta, h_0 = _inputs(2, 5, 2, 3, 3, 1, False)
+    with pytest.raises(ValueError, match="beta must have shape"):
+        delta_rule_chunked(q, k, v, beta[..., :1])
+    with pytest.raises(ValueError, match="log_gamma must have shape"):
+        delta_rule_chunked(q, k, v, beta, log_gamma=torch.zeros(2, 5, 1, dtype=f64))
+    with pytest.raises(ValueError, match="chunk_size"):
+        delta_rule_chunked(q, k, v, beta, chunk_size=0)
+    with pytest.raises(ValueError, match="across"):
+        delta_rule_chunked(q, k, v, beta, across="tree")
+    with pytest.raises(TypeError, match="q must be a floating-point"):
+        delta_rule_chunked(q.long(), k, v, beta)
+
+
+# --- differential test against mingru-scans 0.2.0, run in its own interpreter --------------
+
+SEED_CASES = [
+    dict(input_size=6, hidden_size=8, n_heads=2, chunk_size=4),
+    dict(input_size=6, hidden_size=8, n_heads=2, nh=2, chunk_size=3, decay="fixed", decay_rate=0.5),
+    dict(input_size=6, hidden_size=6, n_heads=3, d_k=3, d_v=5, bias=False, decay="learnable",
+         log1p_delta=True),
+]
+
+SEED_SCRIPT = textwrap.dedent("""
+    import sys, warnings
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import mingru
+    assert mingru.__version__ == "0.2.0", mingru.__file__
+    warnings.simplefilter("ignore")
+    results = []
+    for case in torch.load(sys.argv[2]):
+        torch.manual_seed(0)
+        m = mingru.DeltaMinGRU(**case["kwargs"])
+        x = case["x"].clone().requires_grad_()
+        y, h = m(x, h_0=case["h_0"], delta_t=case["delta_t"], return_state=True)
+        ((y * case["gy"]).sum() + (h * case["gh"]).sum()).backward()
+        h_t, ys = case["h_0"][:, 0], []
+        for t in range(x.shape[1]):
+            dt = None if case["delta_t"] is None else case["delta_t"][:, t]
+            y_t, h_t = m.step(x[:, t].detach(), h_t, dt)
+            ys.append(y_t)
+        results.append(dict(state_dict=m.state_dict(), y=y.detach(), h=h.detach(), gx=x.grad,
+                            grads={n: p.grad for n, p in m.named_parameters()},
+                            y_step=torch.stack(ys, 1), h_step=h_t))
+    torch.save(results, sys.argv[3])
+""")
+
+
+def _seed_case(kwargs, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 2, 10
+    n_heads = kwargs["n_heads"]
+    d_k = kwargs.get("d_k", kwargs["hidden_size"] // n_heads)
+    state = n_heads * d_k * kwargs.get("d_v", d_k)
+    delta_t = None
+    if kwargs.get("decay"):
+        delta_t = 2 * torch.rand(B, T, generator=g)
+        delta_t[0, 3], delta_t[1, 6] = float("nan"), -1.0   # cleaned to 0, as the seed documents
+    return dict(kwargs=kwargs, x=torch.randn(B, T, kwargs["input_size"], generator=g),
+                h_0=0.3 * torch.randn(B, 1, state, generator=g), delta_t=delta_t,
+                gy=torch.randn(B, T, kwargs["hidden_size"], generator=g),
+                gh=torch.randn(B, 1, state, generator=g))
+
+
+@pytest.fixture(scope="module")
+def seed_results(tmp_path_factory):
+    if not (SEED / "mingru" / "min_gru.py").is_file():
+        pytest.skip(f"mingru-scans 0.2.0 is not unpacked at {SEED} (run `make peers`)")
+    tmp = tmp_path_factory.mktemp("seed")
+    cases = [_seed_case(kw, i) for i, kw in enumerate(SEED_CASES)]
+    torch.save(cases, tmp / "cases.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MINGRU_SCAN": "eager"}
+    run = subprocess.run([sys.executable, "-c", SEED_SCRIPT, str(SEED), str(tmp / "cases.pt"),
+                          str(tmp / "seed.pt")], cwd=tmp, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return cases, torch.load(tmp / "seed.pt")
+
+
+@pytest.mark.parametrize("index", range(len(SEED_CASES)), ids=["deltanet-h0", "deltaproduct-fixed",
+                                                               "dk3-dv5-nobias-learnable-log1p"])
+def test_matches_seed_from_its_state_dict(seed_results, index):
+    cases, results = seed_results
+    case, seed = cases[index], results[index]
+    torch.manual_seed(0)                                   # as the seed's run did
+    m = DeltaMinGRU(**case["kwargs"])
+    for name, value in m.state_dict().items():
+        torch.testing.assert_close(value, seed["state_dict"][name], rtol=0, atol=0, msg=name)
+    m.load_state_dict(seed["state_dict"], strict=True)
+    x = case["x"].clone().requires_grad_()
+    with pytest.warns(UserWarning, match="delta_t") if case["delta_t"] is not None else contextlib.nullcontext():
+        y, h = m(x, h_0=case["h_0"], delta_t=case["delta_t"], return_state=True)
+    ((y * case["gy"]).sum() + (h * case["gh"]).sum()).backward()
+    close = dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(y, seed["y"], **close)
+    torch.testing.assert_close(h, seed["h"], **close)
+    torch.testing.assert_close(x.grad, seed["gx"], **close)
+    for name, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, seed["grads"][name], **close, msg=name)
+    h_t, ys = case["h_0"][:, 0], []
+    for t in range(x.shape[1]):
+        y_t, h_t = m.step(x[:, t].detach(), h_t, None if case["delta_t"] is None else case["delta_t"][:, t])
+        ys.append(y_t)
+    torch.testing.assert_close(torch.stack(ys, 1), seed["y_step"], **close)
+    torch.testing.assert_close(h_t, seed["h_step"], **close)
+
