@@ -194,3 +194,19 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     run.losses = [float(x) for x in losses]  # one host sync, after the timed loop
     run.tokens_per_s = (steps - warmup) * batch * task.length / run.seconds
     return run
+
+
+def loss_figure(curves, title):
+    """One axis of loss per optimizer step, a line per label in `curves` ({label: TrainRun or list})."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, (label, curve) in enumerate(curves.items()):
+        losses = curve.losses if isinstance(curve, TrainRun) else curve
+        ax.plot(range(1, len(losses) + 1), losses, label=label, lw=2.4 - 0.5 * (i % 3),
+                ls=("-", "--", ":")[i % 3])
+    ax.set(title=title, xlabel="optimizer step", ylabel="cross entropy at the markers (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
