@@ -7,7 +7,6 @@ Only the marker positions carry a loss. A model that cannot select by content sc
 that differ only in MINGRU_SCAN see the same weights and the same data.
 """
 import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mingru.blocks import MinGRUStack
-from mingru.dispatch import MODES
+from mingru.bench.timing import scan_impl
 
 NOISE, MARKER, IGNORE = 0, 1, -100
 
@@ -80,22 +79,6 @@ def build(task, seed, device="cpu", **config):
         torch.manual_seed(seed)
         model = TinyLM(task.vocab, **config)
     return model.to(device)
-
-
-@contextlib.contextmanager
-def scan_mode_set(mode):
-    """Set MINGRU_SCAN to `mode` inside the block (the seam reads it at call time), then restore it."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    old = os.environ.get("MINGRU_SCAN")
-    os.environ["MINGRU_SCAN"] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MINGRU_SCAN", None)
-        else:
-            os.environ["MINGRU_SCAN"] = old
 
 
 def copy_loss(logits, targets):
@@ -165,7 +148,7 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     run, t0, losses = TrainRun(), None, []
     cast = (torch.autocast(device.type, dtype=autocast) if autocast is not None
             else contextlib.nullcontext())
-    with scan_mode_set(scan) if scan else contextlib.nullcontext():
+    with scan_impl(scan) if scan else contextlib.nullcontext():
         for i in range(steps):
             if i == warmup:
                 _sync(device)
