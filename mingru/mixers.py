@@ -106,9 +106,9 @@ class MinGRU(_Mixer):
         dt = self._dt(delta_t, x)
         if dt is not None:
             log_coeffs = log_coeffs + self._decay_log_gamma(dt)
-        log_h0 = h_0.clamp_min(torch.finfo(h_0.dtype).tiny).log()
+        log_h0 = h_0.clamp_min(torch.finfo(h_0.dtype).tiny).log().to(k.dtype)
         log_values = torch.cat([log_h0, -F.softplus(-k) + log_g(cand)], dim=1)  # log z + log g(h~)
-        return ops.parallel_scan_log(log_coeffs.expand_as(k), log_values)
+        return ops.parallel_scan_log(log_coeffs.to(k.dtype).expand_as(k), log_values)
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
@@ -164,7 +164,8 @@ class SignedMinGRU(_Mixer):
     def forward(self, x, h_0=None, delta_t=None):
         self._check_x(x, step=False)
         h_0 = self._state(h_0, x, False, self._default_h0)
-        return ops.linear_recurrence(*self._coeffs(x, delta_t), h_0[:, 0])
+        a, b = self._coeffs(x, delta_t)
+        return ops.linear_recurrence(a.to(b.dtype), b, h_0[:, 0].to(b.dtype))
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
@@ -203,6 +204,9 @@ class _BlockMixer(_Mixer):
         h = self._scan(x, self._blocks(h_0[:, 0]), delta_t)
         return h.reshape(*x.shape[:2], self.hidden_size)
 
+    # Under autocast the projections come out in the autocast dtype while h0, the decay and
+    # constant buffers stay float32: every scan input takes the injection's dtype.
+
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
         self._check_x(x_t, step=True)
@@ -213,7 +217,7 @@ class _BlockMixer(_Mixer):
 
     def _scan(self, x, h0, delta_t):
         M, b = self._transition(x, delta_t)
-        return ops.matrix_recurrence(M, b.unsqueeze(-1), h0.unsqueeze(-1)).squeeze(-1)
+        return ops.matrix_recurrence(M.to(b.dtype), b.unsqueeze(-1), h0.to(b.dtype).unsqueeze(-1)).squeeze(-1)
 
 
 class RotationMinGRU(_BlockMixer):
@@ -302,7 +306,8 @@ class GivensMinGRU(_BlockMixer):
     def _scan(self, x, h0, delta_t):
         if not self.fused:
             return super()._scan(x, h0, delta_t)
-        return ops.rotation_recurrence(*self._heads(x, delta_t), h0)
+        angles, gamma, b = self._heads(x, delta_t)
+        return ops.rotation_recurrence(angles.to(b.dtype), gamma.to(b.dtype), b, h0.to(b.dtype))
 
     def extra_repr(self):
         return super().extra_repr() + f", block_size={self.k}, rounds={self.rounds}, fused={self.fused}"

@@ -30,6 +30,7 @@ NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
              "03": "TF32 vs IEEE errors (the interpreter ignores input_precision)",
              "04": "speed, roofline, peer, seed and layer timings", "05": "peak CUDA memory",
              "06": "the parity harness over the whole envelope",
+             "07": "training at GPU sizes through the compiled kernels, and torch.compile with inductor",
              "08": "the sequence-parallel cost model on a GPU (NCCL rows need >= 2 GPUs)"}
 
 

@@ -176,3 +176,18 @@ def test_delta_block_carries_its_matrix_state(eager_mode):
         out, s = block.step(x[:, t], s)
         steps.append(out)
     torch.testing.assert_close(torch.stack(steps, 1), y)
+
+
+@pytest.mark.parametrize("make", [lambda: mingru.MinGRU(8, 8), lambda: mingru.SignedMinGRU(8, 8),
+                                  lambda: mingru.RotationMinGRU(8, 8), lambda: mingru.GivensMinGRU(8, 8, block_size=4),
+                                  lambda: mingru.GivensMinGRU(8, 8, block_size=4, fused=False)],
+                         ids=["log", "signed", "rotation", "givens", "givens-generic"])
+def test_autocast_bfloat16_runs_in_one_dtype(make):
+    """Under autocast the projections are bfloat16 while h0, decay and buffers are float32: the
+    scan gets one dtype, and the result stays close to the float32 forward."""
+    torch.manual_seed(0)
+    mixer, x = make(), torch.randn(2, 5, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mixer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), mixer(x), atol=0.1, rtol=0.1)
