@@ -37,7 +37,7 @@ def _chunks(x, chunk):
 
 
 def _unchunk(x, T):
-    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :T]
+    return x.flatten(1, 2)[:, :T]
 
 
 def chunk_prefixes(totals, combine):
@@ -60,6 +60,7 @@ def chunked_scan(elems, combine, states_only=False, chunk=CHUNK):
     before = chunk_prefixes(tuple(x[:, :, -1] for x in local), combine)
     rest = combine(before, tuple(x[:, 1:] for x in local), states_only)
     return tuple(None if r is None else _unchunk(torch.cat([x[:, :1], r], 1), T) for x, r in zip(local, rest))
+
 
 def scalar_combine(earlier, later, states_only=False):
     (a1, b1), (a2, b2) = earlier, later

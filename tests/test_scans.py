@@ -190,6 +190,17 @@ def test_matrix_monoid_is_not_commutative():
     assert not torch.allclose(scans.matrix_combine(x, y)[0], scans.matrix_combine(y, x)[0])
 
 
+@pytest.mark.parametrize("op,make", [
+    (mingru.linear_recurrence, lambda: _linear_inputs(0, 40, 3)),
+    (mingru.parallel_scan_log, lambda: _log_inputs(0, 40, 3)),
+    (mingru.matrix_affine_scan, lambda: _matrix_inputs(0, 40, 2, 3, 1)),
+], ids=["linear_recurrence", "parallel_scan_log", "matrix_affine_scan"])
+def test_empty_batch_spanning_chunks(op, make):
+    outs = op(*make())
+    for o in outs if isinstance(outs, tuple) else (outs,):
+        assert o.shape[:2] == (0, 40)
+
+
 def test_nan_propagates():
     a, b = _linear_inputs(1, 6, 2)
     b[0, 2, 0] = float("nan")
