@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 CHUNK = 16
 LOG_CHUNK = 16
+DOUBLING_MAX_T = 128
 
 
 def hillis_steele(elems, combine):
@@ -103,27 +104,29 @@ def linear_recurrence(a, b, h0=None):
 
 
 def parallel_scan_log(log_coeffs, log_values):
-    """Chunked log-space scan; log h0 (slot 0 of log_values) joins last, so log h0 = -inf (h0 = 0)
-    adds no NaN to the gradients.
+    """Log-space scan; log h0 (slot 0 of log_values) joins last, so log h0 = -inf (h0 = 0) adds no
+    NaN to the gradients. Up to DOUBLING_MAX_T steps it is Hillis–Steele over log_combine, beyond
+    that one cumsum and one logcumsumexp per chunk of LOG_CHUNK steps (fewer full-size passes).
 
     Stability rule: inside a chunk, a*_t = cumsum(log a) restarts at 0, so |a*| <= LOG_CHUNK max|log a|
     and log h_t = a*_t + logcumsumexp(log b - a*)_t loses at most about 2^-24 LOG_CHUNK max|log a| to
     cancellation in float32, however long T is; chunks compose through log_combine, whose terms are
-    true logs of partial states and never cancel. A log coefficient of -inf (a = 0) is outside this
-    formula's domain (NaN); use linear_recurrence for zero coefficients.
+    true logs of partial states and never cancel. A log coefficient of -inf (a = 0) is outside the
+    chunked formula's domain (NaN); use linear_recurrence for zero coefficients.
     """
     lc, lv = _upcast(log_coeffs, log_values)
     T = lc.shape[1]
-    a_star = _chunks(lc, min(T, LOG_CHUNK)).cumsum(2)
-    x = _chunks(lv[:, 1:], min(T, LOG_CHUNK)) - a_star
-    s = a_star + torch.logcumsumexp(x, 2)
-    log_h_in = lv[:, :1].unsqueeze(2)  # log h entering each chunk, (B, N, 1, D)
-    if a_star.shape[1] > 1:
-        a_before, s_before = chunk_prefixes((a_star[:, :, -1], s[:, :, -1]), log_combine)
-        log_h_in = torch.cat([log_h_in, torch.logaddexp(a_before + log_h_in, s_before)], 1)
+    log_h0 = lv[:, :1]
+    if T <= DOUBLING_MAX_T:
+        a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
+        return torch.logaddexp(a_star + log_h0, s).exp().to(log_coeffs.dtype)
+    a_star = _chunks(lc, LOG_CHUNK).cumsum(2)
+    s = a_star + torch.logcumsumexp(_chunks(lv[:, 1:], LOG_CHUNK) - a_star, 2)
+    a_before, s_before = chunk_prefixes((a_star[:, :, -1], s[:, :, -1]), log_combine)
+    log_h0 = log_h0.unsqueeze(1)  # log h entering each chunk: (B, N, 1, D)
+    log_h_in = torch.cat([log_h0, torch.logaddexp(a_before + log_h0, s_before)], 1)
     log_h = torch.logaddexp(a_star + log_h_in, s)
     return _unchunk(log_h, T).exp().to(log_coeffs.dtype)
-
 
 def matrix_affine_scan(A, Bm):
     Abar, Bbar = chunked_scan(_upcast(A, Bm), matrix_combine)
