@@ -5,8 +5,8 @@ later (A2, B2), gives (A2 A1, A2 B1 + B2): an associative operation with identit
 `chunked_scan` cuts time into chunks of CHUNK steps, scans each chunk by Hillis–Steele doubling
 (ceil(log2 CHUNK) rounds), scans the chunk totals the same way, and composes each chunk with the
 total of everything before it. The log-space op uses the same monoid on (log a, log b), with
-multiplication turned into addition and addition into logaddexp; inside a chunk it is one
-cumsum and one logcumsumexp (see parallel_scan_log for its stability rule).
+multiplication turned into addition and addition into logaddexp; on long sequences each chunk
+is one cumsum and one logcumsumexp (see parallel_scan_log for its stability rule).
 Half-precision inputs are accumulated in float32.
 """
 import torch
@@ -105,28 +105,29 @@ def linear_recurrence(a, b, h0=None):
 
 def parallel_scan_log(log_coeffs, log_values):
     """Log-space scan; log h0 (slot 0 of log_values) joins last, so log h0 = -inf (h0 = 0) adds no
-    NaN to the gradients. Up to DOUBLING_MAX_T steps it is Hillis–Steele over log_combine, beyond
-    that one cumsum and one logcumsumexp per chunk of LOG_CHUNK steps (fewer full-size passes).
+    NaN to the gradients. Up to DOUBLING_MAX_T steps, or when some log a is -inf (a = 0, outside the
+    chunked formula's domain), it is Hillis–Steele over log_combine; beyond that, one cumsum and one
+    logcumsumexp per chunk of LOG_CHUNK steps replace the log2 T doubling rounds.
 
     Stability rule: inside a chunk, a*_t = cumsum(log a) restarts at 0, so |a*| <= LOG_CHUNK max|log a|
     and log h_t = a*_t + logcumsumexp(log b - a*)_t loses at most about 2^-24 LOG_CHUNK max|log a| to
     cancellation in float32, however long T is; chunks compose through log_combine, whose terms are
-    true logs of partial states and never cancel. A log coefficient of -inf (a = 0) is outside the
-    chunked formula's domain (NaN); use linear_recurrence for zero coefficients.
+    true logs of partial states and never cancel.
     """
     lc, lv = _upcast(log_coeffs, log_values)
     T = lc.shape[1]
     log_h0 = lv[:, :1]
-    if T <= DOUBLING_MAX_T:
+    if T <= DOUBLING_MAX_T or torch.isneginf(lc).any():
         a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
         return torch.logaddexp(a_star + log_h0, s).exp().to(log_coeffs.dtype)
     a_star = _chunks(lc, LOG_CHUNK).cumsum(2)
     s = a_star + torch.logcumsumexp(_chunks(lv[:, 1:], LOG_CHUNK) - a_star, 2)
     a_before, s_before = chunk_prefixes((a_star[:, :, -1], s[:, :, -1]), log_combine)
-    log_h0 = log_h0.unsqueeze(1)  # log h entering each chunk: (B, N, 1, D)
-    log_h_in = torch.cat([log_h0, torch.logaddexp(a_before + log_h0, s_before)], 1)
+    log_h0 = log_h0.unsqueeze(1)
+    log_h_in = torch.cat([log_h0, torch.logaddexp(a_before + log_h0, s_before)], 1)  # (B, N, 1, D)
     log_h = torch.logaddexp(a_star + log_h_in, s)
     return _unchunk(log_h, T).exp().to(log_coeffs.dtype)
+
 
 def matrix_affine_scan(A, Bm):
     Abar, Bbar = chunked_scan(_upcast(A, Bm), matrix_combine)

@@ -69,6 +69,13 @@ def test_parallel_scan_log_zero_h0_has_finite_grads(T):
     _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, [lc, lv], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("T", [9, 200], ids=lambda t: f"T{t}")
+def test_parallel_scan_log_zero_coefficient_cuts_the_past(T):
+    lc, lv = _log_inputs(2, T, 3)
+    lc[:, ::5] = float("-inf")
+    _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, [lc, lv], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("case", ["very-negative-log-a", "large-values", "zero-h0-long"])
 def test_parallel_scan_log_extreme_inputs_stay_accurate(case):
     """Over T = 2000 the log coefficients sum to about -3e4 (-1e3 for large values); restarting a*
