@@ -1,12 +1,20 @@
-"""Eager reference scans: Hillis–Steele doubling over the affine monoid, in pure torch.
+"""Eager reference scans in pure torch: chunked scans over the affine monoid.
 
 Every op is the recurrence h_t = A_t h_{t-1} + B_t. Composing two steps, earlier (A1, B1) then
-later (A2, B2), gives (A2 A1, A2 B1 + B2): an associative operation with identity (I, 0). So the
-prefix at every t can be built in ceil(log2 T) rounds, each combining position t with t - d.
-The log-space op uses the same monoid on (log a, log b) with multiplication turned into addition
-and addition into logaddexp. Half-precision inputs are accumulated in float32.
+later (A2, B2), gives (A2 A1, A2 B1 + B2): an associative operation with identity (I, 0).
+`chunked_scan` cuts time into chunks of CHUNK steps, scans each chunk by Hillis–Steele doubling
+(ceil(log2 CHUNK) rounds), scans the chunk totals the same way, and composes each chunk with the
+total of everything before it. The log-space op uses the same monoid on (log a, log b), with
+multiplication turned into addition and addition into logaddexp; on long sequences each chunk
+is one cumsum and one logcumsumexp (see parallel_scan_log for its stability rule).
+Half-precision inputs are accumulated in float32.
 """
 import torch
+import torch.nn.functional as F
+
+CHUNK = 16
+LOG_CHUNK = 16
+DOUBLING_MAX_T = 128
 
 
 def hillis_steele(elems, combine):
@@ -21,14 +29,48 @@ def hillis_steele(elems, combine):
     return elems
 
 
-def scalar_combine(earlier, later):
+def _chunks(x, chunk):
+    """(B, T, ...) -> (B, N, chunk, ...), zero-padded at the end (later steps never reach earlier ones)."""
+    B, T = x.shape[:2]
+    N = -(-T // chunk)
+    pad = [0, 0] * (x.dim() - 2) + [0, N * chunk - T]
+    return F.pad(x, pad).reshape(B, N, chunk, *x.shape[2:])
+
+
+def _unchunk(x, T):
+    return x.flatten(1, 2)[:, :T]
+
+
+def chunk_prefixes(totals, combine):
+    """Exclusive scan over chunks: for chunk j >= 1 the composition of chunks 0..j-1, as (B, N-1, 1, ...)."""
+    return tuple(p[:, :-1].unsqueeze(2) for p in hillis_steele(totals, combine))
+
+
+def chunked_scan(elems, combine, states_only=False, chunk=CHUNK):
+    """The same inclusive scan as hillis_steele, in log2(chunk) full-size rounds plus one composition.
+
+    states_only: return (None, B) and skip the transition products of the final composition.
+    """
+    T = elems[0].shape[1]
+    if T <= chunk:
+        return hillis_steele(elems, combine)
+    parts = [_chunks(x, chunk) for x in elems]
+    B, N = parts[0].shape[:2]
+    local = hillis_steele(tuple(x.flatten(0, 1) for x in parts), combine)
+    local = tuple(x.reshape(B, N, *x.shape[1:]) for x in local)
+    before = chunk_prefixes(tuple(x[:, :, -1] for x in local), combine)
+    rest = combine(before, tuple(x[:, 1:] for x in local), states_only)
+    return tuple(None if r is None else _unchunk(torch.cat([x[:, :1], r], 1), T) for x, r in zip(local, rest))
+
+
+def scalar_combine(earlier, later, states_only=False):
     (a1, b1), (a2, b2) = earlier, later
-    return a2 * a1, a2 * b1 + b2
+    return None if states_only else a2 * a1, a2 * b1 + b2
 
 
-def matrix_combine(earlier, later):
+def matrix_combine(earlier, later, states_only=False):
     (A1, B1), (A2, B2) = earlier, later
-    return A2 @ A1, A2 @ B1 + B2
+    return None if states_only else A2 @ A1, A2 @ B1 + B2
 
 
 def log_combine(earlier, later):
@@ -45,27 +87,50 @@ def _upcast(*xs):
     return [_acc(x) for x in xs]
 
 
+def _fold_h0(first_step, b, h0):
+    """b with h0 folded into its first step (b_0 + A_0 h0), so a states-only scan needs no h0 term."""
+    return b if h0 is None else torch.cat([first_step(_acc(h0)) + b[:, :1], b[:, 1:]], 1)
+
+
 def linear_scan(a, b):
-    A, Bc = hillis_steele(_upcast(a, b), scalar_combine)
+    A, Bc = chunked_scan(_upcast(a, b), scalar_combine)
     return A.to(a.dtype), Bc.to(a.dtype)
 
 
 def linear_recurrence(a, b, h0=None):
-    A, Bc = hillis_steele(_upcast(a, b), scalar_combine)
-    h = Bc if h0 is None else A * _acc(h0).unsqueeze(1) + Bc
-    return h.to(a.dtype)
+    a32, b32 = _upcast(a, b)
+    b32 = _fold_h0(lambda h: a32[:, :1] * h.unsqueeze(1), b32, h0)
+    return chunked_scan((a32, b32), scalar_combine, states_only=True)[1].to(a.dtype)
 
 
 def parallel_scan_log(log_coeffs, log_values):
+    """Log-space scan; log h0 (slot 0 of log_values) joins last, so log h0 = -inf (h0 = 0) adds no
+    NaN to the gradients. Up to DOUBLING_MAX_T steps, or when some log a is -inf (a = 0, outside the
+    chunked formula's domain), it is Hillis–Steele over log_combine; beyond that, one cumsum and one
+    logcumsumexp per chunk of LOG_CHUNK steps replace the log2 T doubling rounds.
+
+    Stability rule: inside a chunk, a*_t = cumsum(log a) restarts at 0, so |a*| <= LOG_CHUNK max|log a|
+    and log h_t = a*_t + logcumsumexp(log b - a*)_t loses at most about 2^-24 LOG_CHUNK max|log a| to
+    cancellation in float32, however long T is; chunks compose through log_combine, whose terms are
+    true logs of partial states and never cancel.
+    """
     lc, lv = _upcast(log_coeffs, log_values)
-    a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
-    # h0 joins last, so a log h0 of -inf (h0 = 0) adds no NaN to the gradients.
-    log_h = torch.logaddexp(a_star + lv[:, :1], s)
-    return log_h.exp().to(log_coeffs.dtype)
+    T = lc.shape[1]
+    log_h0 = lv[:, :1]
+    if T <= DOUBLING_MAX_T or torch.isneginf(lc).any():
+        a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
+        return torch.logaddexp(a_star + log_h0, s).exp().to(log_coeffs.dtype)
+    a_star = _chunks(lc, LOG_CHUNK).cumsum(2)
+    s = a_star + torch.logcumsumexp(_chunks(lv[:, 1:], LOG_CHUNK) - a_star, 2)
+    a_before, s_before = chunk_prefixes((a_star[:, :, -1], s[:, :, -1]), log_combine)
+    log_h0 = log_h0.unsqueeze(1)
+    log_h_in = torch.cat([log_h0, torch.logaddexp(a_before + log_h0, s_before)], 1)  # (B, N, 1, D)
+    log_h = torch.logaddexp(a_star + log_h_in, s)
+    return _unchunk(log_h, T).exp().to(log_coeffs.dtype)
 
 
 def matrix_affine_scan(A, Bm):
-    Abar, Bbar = hillis_steele(_upcast(A, Bm), matrix_combine)
+    Abar, Bbar = chunked_scan(_upcast(A, Bm), matrix_combine)
     return Abar.to(A.dtype), Bbar.to(A.dtype)
 
 
@@ -75,9 +140,9 @@ def matrix_scan(M, b):
 
 
 def matrix_recurrence(A, X, h0=None):
-    Abar, Bbar = hillis_steele(_upcast(A, X), matrix_combine)
-    h = Bbar if h0 is None else Abar @ _acc(h0).unsqueeze(1) + Bbar
-    return h.to(A.dtype)
+    A32, X32 = _upcast(A, X)
+    X32 = _fold_h0(lambda h: A32[:, :1] @ h.unsqueeze(1), X32, h0)
+    return chunked_scan((A32, X32), matrix_combine, states_only=True)[1].to(A.dtype)
 
 
 def givens_matrices(angles, decay):
@@ -103,3 +168,4 @@ def rotation_recurrence(angles, decay, u, h0=None):
     M = givens_matrices(*_upcast(angles, decay))
     h = matrix_recurrence(M, _acc(u).unsqueeze(-1), None if h0 is None else _acc(h0).unsqueeze(-1))
     return h.squeeze(-1).to(u.dtype)
+

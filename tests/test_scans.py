@@ -1,4 +1,4 @@
-"""Eager Hillis–Steele scans against the float64 sequential loops: outputs, gradients, dtypes."""
+"""Eager chunked scans against the float64 sequential loops: outputs, gradients, dtypes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,10 +62,46 @@ def test_parallel_scan_log(B, T, D):
     _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, _log_inputs(B, T, D), atol=1e-4, rtol=1e-4)
 
 
-def test_parallel_scan_log_zero_h0_has_finite_grads():
-    lc, lv = _log_inputs(2, 9, 3)
+@pytest.mark.parametrize("T", [9, 200], ids=lambda t: f"T{t}")
+def test_parallel_scan_log_zero_h0_has_finite_grads(T):
+    lc, lv = _log_inputs(2, T, 3)
     lv[:, 0] = float("-inf")
     _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, [lc, lv], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [9, 200], ids=lambda t: f"T{t}")
+def test_parallel_scan_log_zero_coefficient_cuts_the_past(T):
+    lc, lv = _log_inputs(2, T, 3)
+    lc[:, ::5] = float("-inf")
+    _check(mingru.parallel_scan_log, naive.parallel_scan_log_naive, [lc, lv], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["very-negative-log-a", "large-values", "zero-h0-long"])
+def test_parallel_scan_log_extreme_inputs_stay_accurate(case):
+    """Over T = 2000 the log coefficients sum to about -3e4 (-1e3 for large values); restarting a*
+    at every chunk keeps float32 within a few 1e-5 of the float64 loop, where one cumsum over the
+    whole sequence would lose about 2^-24 * 3e4 = 2e-3 to cancellation."""
+    g = torch.Generator().manual_seed(5)
+    T = 2000
+    lc = -30 * torch.rand(2, T, 4, generator=g) if case == "very-negative-log-a" else \
+        -F.softplus(torch.randn(2, T, 4, generator=g))
+    lv = torch.randn(2, T + 1, 4, generator=g) + (60 if case == "large-values" else 0)
+    if case == "zero-h0-long":
+        lv[:, 0] = float("-inf")
+    h = mingru.parallel_scan_log(lc, lv)
+    want = naive.parallel_scan_log_naive(lc, lv)
+    assert want.abs().max() > (1e25 if case == "large-values" else 0)
+    torch.testing.assert_close(h.double(), want, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("op,ref", [(mingru.linear_scan, naive.linear_scan_naive),
+                                    (mingru.linear_recurrence, naive.linear_recurrence_naive)],
+                         ids=["linear_scan", "linear_recurrence"])
+def test_linear_zero_and_negative_coefficients(op, ref):
+    """a_t = 0 cuts the past off and a_t < 0 flips it: outputs and gradients still match float64."""
+    a, b = _linear_inputs(2, 50, 3)
+    a[:, ::7] = 0.0
+    _check(op, ref, [a, b], atol=1e-5)
 
 
 def _matrix_inputs(B, T, n, k, v, dtype=torch.float32):
@@ -90,7 +126,7 @@ def test_matrix_scan(T):
     _check(mingru.matrix_scan, naive.matrix_scan_naive, [A * 0.9, Bm.squeeze(-1)], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("T", [1, 7, 64], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("T", [1, 7, 64, 37], ids=lambda t: f"T{t}")
 @pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
 def test_matrix_recurrence(T, with_h0):
     A, X = _matrix_inputs(2, T, 3, 4, 2)
@@ -159,6 +195,17 @@ def test_matrix_monoid_is_not_commutative():
     x = (torch.randn(3, 3, generator=g), torch.randn(3, 1, generator=g))
     y = (torch.randn(3, 3, generator=g), torch.randn(3, 1, generator=g))
     assert not torch.allclose(scans.matrix_combine(x, y)[0], scans.matrix_combine(y, x)[0])
+
+
+@pytest.mark.parametrize("op,make", [
+    (mingru.linear_recurrence, lambda: _linear_inputs(0, 200, 3)),
+    (mingru.parallel_scan_log, lambda: _log_inputs(0, 200, 3)),
+    (mingru.matrix_affine_scan, lambda: _matrix_inputs(0, 200, 2, 3, 1)),
+], ids=["linear_recurrence", "parallel_scan_log", "matrix_affine_scan"])
+def test_empty_batch_spanning_chunks(op, make):
+    outs = op(*make())
+    for o in outs if isinstance(outs, tuple) else (outs,):
+        assert o.shape[:2] == (0, 200)
 
 
 def test_nan_propagates():
