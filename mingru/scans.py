@@ -117,7 +117,8 @@ def parallel_scan_log(log_coeffs, log_values):
     lc, lv = _upcast(log_coeffs, log_values)
     T = lc.shape[1]
     log_h0 = lv[:, :1]
-    if T <= DOUBLING_MAX_T or torch.isneginf(lc).any():
+    # Under torch.compile doubling is always taken: the -inf test reads tensor data (a graph break).
+    if T <= DOUBLING_MAX_T or torch.compiler.is_compiling() or torch.isneginf(lc).any():
         a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
         return torch.logaddexp(a_star + log_h0, s).exp().to(log_coeffs.dtype)
     a_star = _chunks(lc, LOG_CHUNK).cumsum(2)
