@@ -125,9 +125,9 @@ def test_tracers_see_the_registered_op(triton_mode, device):
 
 
 def test_eager_calls_launch_without_the_tracing_wrapper(triton_mode, device, monkeypatch):
-    """wrap_triton's traced launch path costs hundreds of microseconds of host time per call (measured
-    on the H200 host with tools/profile_host.py); eager calls must reach the launchers with it off,
-    as triton_op's own eager implementation does (tracers: test_tracers_see_the_registered_op)."""
+    """wrap_triton's traced launch path costs host time on every call; eager calls must reach the
+    launchers with it off, as triton_op's own eager implementation does (tracers:
+    test_tracers_see_the_registered_op)."""
     from torch._library.triton import is_wrap_triton_enabled
     from mingru.kernels import diagonal
     dispatch.triton_impl("linear_scan")
