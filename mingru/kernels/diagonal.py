@@ -146,6 +146,52 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
 
 
 @triton.jit
+def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
+                 lv_base, offs, mask, prev_mask, first, D, MODE: tl.constexpr, HAS_H0: tl.constexpr,
+                 F64: tl.constexpr):
+    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A)."""
+    dx_mask = mask
+    if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
+        a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
+        b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        dx = mu_t * a_prev + lam_t * b_prev
+        dy = lam_t
+    elif MODE == REC:
+        h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        if HAS_H0:
+            h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
+            h_prev = tl.where(first, h0[None, :], h_prev)
+        dx = lam_t * h_prev
+        dy = lam_t
+    else:
+        lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
+        lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
+        h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        dx = lam_t * tl.exp(lc) * h_prev
+        dy = lam_t * tl.exp(lv)
+        dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
+    tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
+    dy_base = lv_base + D if MODE == LOG else base
+    tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D,
+                  MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
+    """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
+    x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
+    if MODE == LOG:
+        # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
+        # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
+        lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+        d0 = lam * tl.exp(x0 + lv0)
+        tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
+        tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
+    elif HAS_H0:
+        tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
 def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
                      dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, segments,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
@@ -172,7 +218,6 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         mask = valid[:, None] & cmask[None, :]
         next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
         prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
-        first = (t == 0)[:, None]
         offs = t.to(tl.int64)[:, None] * D + cols[None, :]
         # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
         if MODE == LOG:
@@ -185,34 +230,14 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
         else:
             lam_t, lam = state_scan(c, g, lam)
+        mu_t = lam_t  # read only by SCAN
         if MODE == SCAN:
             ga = _acc(tl.load(ga_ptr + base + offs, mask=mask, other=0.0), F64)
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
-            dx_mask = mask
-            if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
-                a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
-                b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                dx = mu_t * a_prev + lam_t * b_prev
-                dy = lam_t
-            elif MODE == REC:
-                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                if HAS_H0:
-                    h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
-                    h_prev = tl.where(first, h0[None, :], h_prev)
-                dx = lam_t * h_prev
-                dy = lam_t
-            else:
-                lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
-                lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
-                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                dx = lam_t * tl.exp(lc) * h_prev
-                dy = lam_t * tl.exp(lv)
-                dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
-            tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
-            dy_base = lv_base + D if MODE == LOG else base
-            tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+            _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
+                         base, lv_base, offs, mask, prev_mask, (t == 0)[:, None], D, MODE, HAS_H0, F64)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
@@ -220,17 +245,9 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         if MODE == SCAN:
             tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
     elif MODE != SCAN:
-        if seg == 0:  # gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)
-            x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
-            if MODE == LOG:
-                # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
-                # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
-                lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
-                d0 = lam * tl.exp(x0 + lv0)
-                tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
-                tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
-            elif HAS_H0:
-                tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
+        if seg == 0:
+            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D, MODE,
+                          HAS_H0, F64)
 
 
 def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, **extra):

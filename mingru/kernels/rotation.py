@@ -130,11 +130,13 @@ def _store_pair(ptr, E, O, mask):
 
 
 @triton.jit
-def _lanes(LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its (b, n)."""
+def _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its live mask and
+    (b, n), and the lane's angle and decay pointers at t = 0."""
     f = tl.arange(0, H * BLOCK_N)
     lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    return f // BLOCK_N, lane, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    j, b, n = f // BLOCK_N, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    return j, lane, lane < LANES, b, n, ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn
 
 
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
@@ -148,9 +150,7 @@ def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
-    ang_f = ang + b * sab + n * san + j * saj
-    dec_f = dec + b * sdb + n * sdn
+    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     u_f = u + b * sub + n * sun + 2 * j * suk
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j  # h is contiguous (B, T, n, k)
     E = tl.zeros([H, BLOCK_N], dtype=ACC)
@@ -176,9 +176,7 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
-    ang_f = ang + b * sab + n * san + j * saj
-    dec_f = dec + b * sdb + n * sdn
+    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     g_f = g + b * sgb + n * sgn + 2 * j * sgk
     # h, du, dh0, ddecay and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n), (B,T,n,L,k/2)
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j
