@@ -106,6 +106,14 @@ def test_forced_tiles(tile, device):
     _check("recurrence", _inputs("recurrence", 1, 11, 2, 4, 2, torch.float32, device), dict(SPLIT, tile=tile))
 
 
+@pytest.mark.parametrize("segments", [1, 3], ids=["whole", "split"])
+def test_one_lane_per_program(segments, device):
+    """block=1 (one lane per program, the per-lane layout) through forced_layout, k8 v1 and k4 v4."""
+    _check("affine", _inputs("affine", 2, 11, 3, 8, 1, torch.float32, device), dict(block=1, segments=segments))
+    _check("recurrence", _inputs("recurrence", 2, 11, 3, 4, 4, torch.float32, device),
+           dict(block=1, segments=segments))
+
+
 def test_bfloat16_affine_split(device):
     _check("affine", _inputs("affine", 2, 11, 2, 8, 4, torch.bfloat16, device), SPLIT)
 
