@@ -53,19 +53,25 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _import_traced(module):
+    """Import the kernel modules with import statements and return `module`: torch.compile runs an
+    import statement while it traces (importlib and sys.modules it cannot), so a first compile
+    needs no warm-up."""
+    from mingru import kernels
+    from mingru.kernels import diagonal, matrix, rotation  # noqa: F401
+    return getattr(kernels, module.removeprefix("mingru.kernels."))
+
+
 def triton_impl(name):
     """Import and return the Triton implementation of `name`, or raise ScanFallback."""
     module, func = TRITON_IMPLS[name].split(":")
-    loaded = sys.modules.get(module)  # a dict lookup torch.compile can trace; importing it cannot
-    if loaded is None:
-        if torch.compiler.is_compiling():
-            raise RuntimeError(f"mingru: torch.compile reached {name} before its kernels were loaded; "
-                               "`import mingru.kernels.diagonal, mingru.kernels.matrix, "
-                               "mingru.kernels.rotation` (or run the model once) before compiling")
-        try:
-            loaded = importlib.import_module(module)
-        except ImportError as err:  # triton missing, or torch too old for triton_op
-            raise ScanFallback(f"Triton backend unavailable ({err})") from err
+    try:
+        if torch.compiler.is_compiling():  # no sys.modules lookup: dynamo would guard on its contents
+            loaded = _import_traced(module)
+        else:
+            loaded = sys.modules.get(module) or importlib.import_module(module)
+    except ImportError as err:  # triton missing, or torch too old for triton_op
+        raise ScanFallback(f"Triton backend unavailable ({err})") from err
     return getattr(loaded, func)
 
 

@@ -1,7 +1,8 @@
 """Input checks shared by the public ops: clear errors instead of wrong answers."""
 import torch
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # every op's dtypes, kernels included
+BLOCK_SIZES = (1, 2, 4, 8, 16)  # the k and v the matrix kernels are compiled for (others run eager)
 
 
 def check_tensors(op, **tensors):

@@ -125,9 +125,9 @@ def test_tracers_see_the_registered_op(triton_mode, device):
 
 
 def test_eager_calls_launch_without_the_tracing_wrapper(triton_mode, device, monkeypatch):
-    """wrap_triton's traced launch path costs hundreds of microseconds of host time per call (measured
-    on the H200 host with tools/profile_host.py); eager calls must reach the launchers with it off,
-    as triton_op's own eager implementation does (tracers: test_tracers_see_the_registered_op)."""
+    """wrap_triton's traced launch path costs host time on every call; eager calls must reach the
+    launchers with it off, as triton_op's own eager implementation does (tracers:
+    test_tracers_see_the_registered_op)."""
     from torch._library.triton import is_wrap_triton_enabled
     from mingru.kernels import diagonal
     dispatch.triton_impl("linear_scan")
@@ -138,3 +138,22 @@ def test_eager_calls_launch_without_the_tracing_wrapper(triton_mode, device, mon
     A, Bc = mingru.linear_scan(a, b)
     (A + Bc).sum().backward()
     assert seen == [False, False]  # forward and backward launches
+
+
+def test_first_compile_imports_the_kernels_while_tracing():
+    """A fresh process whose first kernel lookup is inside torch.compile(fullgraph=True): the kernel
+    modules are imported during tracing, with no graph break and no warm-up call. (The kernels
+    themselves cannot run under the compiler on the interpreter; tests/test_gpu.py runs them.)"""
+    pytest.importorskip("triton")
+    code = (
+        "import sys, torch\n"
+        "from mingru import dispatch\n"
+        "assert 'triton' not in sys.modules\n"
+        "def f(x):\n"
+        "    return x + dispatch.triton_impl('matrix_scan').__name__.count('matrix_scan')\n"
+        "print(torch.compile(f, fullgraph=True, backend='eager')(torch.zeros(2)).tolist(),\n"
+        "      sorted(m for m in sys.modules if m.startswith('mingru.kernels.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("]", 1)[0] == "[1.0, 1.0"
+    assert all(m in out.stdout for m in ("diagonal", "matrix", "rotation"))

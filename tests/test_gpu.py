@@ -1,7 +1,13 @@
-"""GPU-only checks (skipped without CUDA): torch.compile over every mixer and opcheck of every op.
+"""GPU-only checks (skipped without CUDA): torch.compile over every mixer and op, opcheck of every op.
 
 The interpreter cannot run these: fake tensors would reach it. `make test` on the device runs them.
+The compile checks run in a fresh process each, so the compiled call is the first thing that
+touches the kernels: a first `torch.compile(..., fullgraph=True)` must work without a warm-up.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -16,28 +22,17 @@ MIXERS = {
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
 }
-
-
-@pytest.mark.parametrize("name", list(MIXERS))
-def test_compile_fullgraph_matches_eager(name, monkeypatch):
-    import mingru.kernels.diagonal, mingru.kernels.matrix, mingru.kernels.rotation  # noqa: F401,E401
-    torch.manual_seed(0)
-    model = MIXERS[name]().cuda()
-    x = torch.randn(4, 100, 32, device="cuda", requires_grad=True)
-    monkeypatch.setenv("MINGRU_SCAN", "eager")
-    want = model(x)
-    (gx_want,) = torch.autograd.grad(want.square().sum(), x)
-    monkeypatch.setenv("MINGRU_SCAN", "triton")
-    got = torch.compile(model, fullgraph=True)(x)
-    (gx_got,) = torch.autograd.grad(got.square().sum(), x)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(gx_got, gx_want, atol=1e-3, rtol=1e-3)
+OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan", "matrix_affine_scan",
+       "matrix_recurrence", "rotation_recurrence"]
+# float32 throughout; the kernels and the eager reference sum in different orders
+TOL = dict(atol=1e-4, rtol=1e-4)
+GRAD_TOL = dict(atol=1e-3, rtol=1e-3)
 
 
 def _op_args():
-    r = lambda *s: torch.randn(*s, device="cuda", requires_grad=True)  # noqa: E731
-    p = lambda *s: (torch.rand(*s, device="cuda") * 0.9 + 0.05).requires_grad_()  # noqa: E731
-    return {
+    r = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
+    p = lambda *s: torch.rand(*s, device="cuda") * 0.9 + 0.05  # noqa: E731
+    args = {
         "linear_scan": (r(2, 37, 24), r(2, 37, 24)),
         "linear_recurrence": (p(2, 37, 24), r(2, 37, 24), r(2, 24)),
         "parallel_scan_log": (-p(2, 37, 24), r(2, 38, 24)),
@@ -46,13 +41,79 @@ def _op_args():
         "matrix_recurrence": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2), r(2, 3, 4, 2)),
         "rotation_recurrence": (r(2, 37, 3, 6, 4), p(2, 37, 3), r(2, 37, 3, 8), r(2, 3, 8)),
     }
+    return {name: [x.requires_grad_() for x in xs] for name, xs in args.items()}
 
 
-@pytest.mark.parametrize("name", [
-    "linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan", "matrix_affine_scan",
-    "matrix_recurrence", "rotation_recurrence"])
+def _case(name):
+    """(function, inputs, leaves the gradients are taken for) of a mixer or an op."""
+    torch.manual_seed(0)
+    if name in MIXERS:
+        model = MIXERS[name]().cuda()
+        x = torch.randn(4, 100, 32, device="cuda", requires_grad=True)
+        return model, [x], [x, *model.parameters()]
+    inputs = _op_args()[name]
+    return getattr(mingru, name), inputs, inputs
+
+
+def _outputs_and_grads(fn, inputs, leaves):
+    outs = fn(*inputs)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    grads = torch.autograd.grad(outs, leaves, [torch.cos(o.detach()) for o in outs])
+    return [t.detach().clone() for t in outs + list(grads)]  # clones: CUDA graphs reuse their outputs
+
+
+def compile_first(mode, names):
+    """In a fresh process: compile each case (fullgraph) before anything else runs the kernels, run it
+    forward and backward (three times under CUDA graphs: warm-up, record, replay), then compare each
+    run with the eager reference."""
+    assert not any(m.startswith("mingru.kernels") for m in sys.modules), "kernels already imported"
+    for name in names:
+        fn, inputs, leaves = _case(name)
+        os.environ["MINGRU_SCAN"] = "triton"
+        compiled = torch.compile(fn, fullgraph=True, mode=None if mode == "default" else mode)
+        runs = []
+        for _ in range(3 if mode == "reduce-overhead" else 1):
+            torch.compiler.cudagraph_mark_step_begin()
+            runs.append(_outputs_and_grads(compiled, inputs, leaves))
+        os.environ["MINGRU_SCAN"] = "eager"
+        want = _outputs_and_grads(fn, inputs, leaves)
+        n_out = len(want) - len(leaves)
+        for got in runs:
+            for i, (g, w) in enumerate(zip(got, want)):
+                torch.testing.assert_close(g, w, **(TOL if i < n_out else GRAD_TOL), msg=lambda m: f"{name}: {m}")
+        print(name, "ok")
+
+
+def _in_fresh_process(mode, names):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), mode, ",".join(names)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-6000:]
+    assert out.stdout.split() == [w for name in names for w in (name, "ok")]
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_first_compile_of_a_mixer_matches_eager(name):
+    _in_fresh_process("default", [name])
+
+
+def test_first_compile_of_every_op_matches_eager():
+    _in_fresh_process("default", OPS)
+
+
+def test_reduce_overhead_first_compile_matches_eager():
+    """mode="reduce-overhead" (CUDA graphs): every mixer and op, forward and backward, recorded and replayed."""
+    _in_fresh_process("reduce-overhead", list(MIXERS) + OPS)
+
+
+@pytest.mark.parametrize("name", OPS)
 def test_opcheck(name):
     from mingru.dispatch import triton_impl
     triton_impl(name)  # imports the module that registers the op
     args = [a.detach().requires_grad_() for a in _op_args()[name]]
     torch.library.opcheck(getattr(torch.ops.mingru, name).default, args)
+
+
+if __name__ == "__main__":
+    compile_first(sys.argv[1], sys.argv[2].split(","))

@@ -1,8 +1,8 @@
 """Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log) vs the float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
-shapes stay tiny. `forced_layout` shrinks the tile (CHUNK) to cross tile boundaries and forces the
-two-pass time split that the GPU picks for small B*D.
+shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the two-pass
+time split that the GPU picks for small B*D.
 Tolerances: float32 accumulates in float32 over T <= 64 steps, a few ulps per step, so 1e-5 abs /
 1e-4 rel; bfloat16 rounds the outputs (and the saved outputs the backward reads) to 8 bits, so 2e-2.
 """
@@ -15,6 +15,7 @@ from gradutil import as_tuple, outputs_and_grads as _run
 from mingru import naive
 
 diagonal = pytest.importorskip("mingru.kernels.diagonal")
+from mingru.kernels import layout  # noqa: E402
 pytestmark = [pytest.mark.usefixtures("triton_mode"),
               # numpy (the interpreter) warns on log(0) = -inf, a legitimate log h, and on exp
               # overflowing in a tl.where branch that is not selected
@@ -49,7 +50,7 @@ OPS = {
 }
 
 
-def _check(name, inputs, tol, layout=(0, 0)):
+def _check(name, inputs, tol, forced=(0, 0)):
     """Outputs and gradients (random cotangents on every output) of the kernel vs float64."""
     op, ref = OPS[name]
     with torch.no_grad():
@@ -58,27 +59,27 @@ def _check(name, inputs, tol, layout=(0, 0)):
     # cotangents rounded to the input dtype, so both sides differentiate against the same values
     cot = [torch.randn(s, generator=g).to(inputs[0].dtype).double().to(inputs[0].device) for s in shapes]
     ref_outs, ref_grads = _run(ref, [x.double() for x in inputs], cot)
-    with diagonal.forced_layout(*layout):
+    with layout.forced_layout(*forced):
         outs, grads = _run(op, inputs, cot)
     for got, want, x in zip(outs + grads, ref_outs + ref_grads, inputs + inputs):
         assert got.dtype == x.dtype
         torch.testing.assert_close(got.double(), want.to(x.dtype).double(), **tol)
 
 
-# (T, forced CHUNK, forced segments): T=1, a short T, a T crossing tiles and segments, one full tile.
+# (T, forced tile, forced segments): T=1, a short T, a T crossing tiles and segments, one full tile.
 CASES = [(1, 0, 0), (7, 0, 0), (7, 2, 3), (37, 8, 0), (37, 8, 3), (64, 0, 0)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("T,chunk,segments", CASES,
-                         ids=[f"T{t}-chunk{c or 'auto'}-seg{s or 'auto'}" for t, c, s in CASES])
+@pytest.mark.parametrize("T,tile,segments", CASES,
+                         ids=[f"T{t}-tile{c or 'auto'}-seg{s or 'auto'}" for t, c, s in CASES])
 @pytest.mark.parametrize("name", list(OPS))
-def test_matches_float64_reference(name, T, chunk, segments, dtype, device):
+def test_matches_float64_reference(name, T, tile, segments, dtype, device):
     B, D = 2, 5
     inputs = _inputs(name.split("-")[0], B, T, D, dtype, device)
     if name.endswith("no_h0"):
         inputs = inputs[:2]
-    _check(name, inputs, TOL[dtype], (chunk, segments))
+    _check(name, inputs, TOL[dtype], (tile, segments))
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -95,7 +96,7 @@ def test_float64_gradcheck(name, device):
     inputs = [x.requires_grad_() for x in _inputs(name.split("-")[0], 2, 6, 3, torch.float64, device)]
     if name.endswith("no_h0"):
         inputs = inputs[:2]
-    with diagonal.forced_layout(chunk=2, segments=2):
+    with layout.forced_layout(tile=2, segments=2):
         assert torch.autograd.gradcheck(OPS[name][0], inputs, fast_mode=True)
 
 
@@ -108,32 +109,42 @@ def test_zero_coefficients(name, device):
     _check(name, inputs, TOL[torch.float32], (4, 2))
 
 
-@pytest.mark.parametrize("chunk,segments", [(0, 0), (2, 0), (2, 3)],
-                         ids=["chunk-auto", "chunk2", "chunk2-seg3"])
-def test_log_scan_carry_beyond_float32(chunk, segments, device):
+@pytest.mark.parametrize("tile,segments", [(0, 0), (2, 0), (2, 3)], ids=["tile-auto", "tile2", "tile2-seg3"])
+def test_log_scan_carry_beyond_float32(tile, segments, device):
     """h0 = e^100 overflows float32 but h_1 = e^100 e^-30 does not: the carry must stay in log form."""
     lc, lv = _inputs("parallel_scan_log", 1, 9, 4, torch.float32, device, seed=7)
     lv[:, 0] = 100.0
     lc[:, 0] = -30.0
     lc[:, 1] = -10.0
-    with diagonal.forced_layout(chunk, segments):
+    with layout.forced_layout(tile, segments):
         h = mingru.parallel_scan_log(lc, lv)
     assert torch.isfinite(h).all()
-    _check("parallel_scan_log", [lc, lv], dict(atol=1e-5, rtol=1e-5), (chunk, segments))
+    _check("parallel_scan_log", [lc, lv], dict(atol=1e-5, rtol=1e-5), (tile, segments))
 
 
-@pytest.mark.parametrize("chunk,segments", [(0, 0), (2, 3)], ids=["chunk-auto", "chunk2-seg3"])
-def test_log_scan_zero_initial_state(chunk, segments, device):
+@pytest.mark.parametrize("tile,segments", [(0, 0), (2, 3)], ids=["tile-auto", "tile2-seg3"])
+def test_log_scan_zero_initial_state(tile, segments, device):
     """log h0 = -inf means h0 = 0: outputs and gradients stay finite."""
     lc, lv = _inputs("parallel_scan_log", 2, 8, 5, torch.float32, device, seed=9)
     lv[:, 0] = float("-inf")
-    _check("parallel_scan_log", [lc, lv], TOL[torch.float32], (chunk, segments))
+    _check("parallel_scan_log", [lc, lv], TOL[torch.float32], (tile, segments))
 
 
 def test_plan_splits_time_only_for_small_b_times_d():
-    tiles = diagonal.TILES["forward", diagonal.SCAN.value]
-    assert diagonal._plan(16, 1024, 1024, 132, tiles, 0, 0).segments == 1
-    lay = diagonal._plan(2, 16384, 1024, 132, tiles, 0, 0)
-    assert lay.segments > 1 and lay.seg_len % lay.chunk == 0
+    tiles = layout.DIAGONAL_TILES["forward", "scan"]
+    assert layout._diagonal(16, 1024, 1024, 132, tiles, (0, 0, 0)).segments == 1
+    lay = layout._diagonal(2, 16384, 1024, 132, tiles, (0, 0, 0))
+    assert lay.segments > 1 and lay.seg_len % lay.tile == 0
     assert (lay.segments - 1) * lay.seg_len < 16384 <= lay.segments * lay.seg_len
-    assert diagonal._plan(2, 16384, 1024, 0, tiles, 0, 0).segments == 1  # no SMs known: no split
+    assert layout._diagonal(2, 16384, 1024, 0, tiles, (0, 0, 0)).segments == 1  # no SMs known: no split
+
+
+def test_forced_layout_sets_tile_and_segments():
+    """The override a benchmark harness uses: tile 1 is the sequential walk, segments 1 no time split."""
+    with layout.forced_layout(tile=1, segments=1):
+        lay = layout.diagonal(2, 4096, 8, torch.device("cpu"), "forward", "scan")
+    assert (lay.tile, lay.segments, lay.seg_len) == (1, 1, 4096)
+    with layout.forced_layout(tile=8, segments=3):
+        lay = layout.diagonal(2, 37, 8, torch.device("cpu"), "backward", "log")
+    assert (lay.tile, lay.segments, lay.seg_len) == (8, 3, 16)
+    assert layout.diagonal(2, 37, 8, torch.device("cpu"), "backward", "log").tile == 32

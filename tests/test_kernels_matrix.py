@@ -1,8 +1,8 @@
 """Matrix Triton kernels (matrix_affine_scan, matrix_scan, matrix_recurrence) vs the float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
-shapes stay tiny. `forced_plan(chunk=4)` cuts T into chunks of 4 steps (with a partial last chunk)
-to run the first pass, the carry pass and the second pass that the GPU picks for few lanes.
+shapes stay tiny. `forced_layout(segments=3)` cuts T = 11 into segments of 4 steps (with a partial last
+one) to run the aggregate pass, the carry walk and the second pass that the GPU picks for few lanes.
 Tolerances: float32 accumulates in float32 over T <= 11 steps of k-term dot products, so 1e-5 abs /
 1e-4 rel; bfloat16 rounds the outputs (and the saved outputs the backward reads) to 8 bits, so 2e-2.
 """
@@ -13,13 +13,15 @@ import mingru
 from gradutil import as_tuple, outputs_and_grads as _run
 from mingru import naive
 from mingru.dispatch import ScanFallback
-from mingru.kernels.common import BLOCK_SIZES, allow_tf32_dots
+from mingru.validate import BLOCK_SIZES
 
 matrix = pytest.importorskip("mingru.kernels.matrix")
+from mingru.kernels import layout  # noqa: E402
+from mingru.kernels.common import allow_tf32_dots  # noqa: E402
 pytestmark = pytest.mark.usefixtures("triton_mode")
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-SPLIT = dict(chunk=4, block_n=4)  # T=11: chunks 4 + 4 + 3; with 6 lanes a block spans two batch rows
+SPLIT = dict(segments=3, block=4)  # T=11: segments 4 + 4 + 3; with 6 lanes a block spans two batch rows
 
 OPS = {
     "affine": (mingru.matrix_affine_scan, naive.matrix_affine_scan_naive),
@@ -52,7 +54,7 @@ def _check(name, inputs, plan=None):
     # cotangents rounded to the input dtype, so both sides differentiate against the same values
     cot = [torch.randn(s, generator=g).to(dtype).double().to(inputs[0].device) for s in shapes]
     ref_outs, ref_grads = _run(ref, [x.double() for x in inputs], cot)
-    with matrix.forced_plan(**(plan or {})):
+    with layout.forced_layout(**(plan or {})):
         outs, grads = _run(op, inputs, cot)
     for got, want in zip(outs + grads, ref_outs + ref_grads):
         assert got.dtype == dtype and got.shape == want.shape
@@ -76,7 +78,7 @@ def test_affine_every_block_size(k, v, device):
 @_kv([(1, 1), (2, 4), (8, 2), (16, 16)])
 @pytest.mark.parametrize("op", ["affine", "recurrence"])
 def test_time_split_chunk_boundaries(op, k, v, device):
-    """T=11 in chunks of 4: the carry of every chunk comes from the aggregates of the earlier ones."""
+    """T=11 in segments of 4: the carry of every segment comes from the aggregates of the earlier ones."""
     _check(op, _inputs(op, 2, 11, 3, k, v, torch.float32, device), SPLIT)
 
 
@@ -97,12 +99,19 @@ def test_matrix_recurrence(op, T, plan, dtype, device):
     _check(op, inputs if op == "recurrence" else inputs[:2], plan)
 
 
-@pytest.mark.parametrize("unroll", [1, 2], ids=["unroll1", "unroll2"])
-def test_unroll_variants(unroll, device):
-    """The probe times UNROLL 1 and 2 as well as the default 4: they must agree."""
-    _check("affine", _inputs("affine", 2, 7, 2, 2, 1, torch.float32, device), dict(unroll=unroll))
-    _check("recurrence", _inputs("recurrence", 1, 11, 2, 4, 2, torch.float32, device),
-           dict(SPLIT, unroll=unroll))
+@pytest.mark.parametrize("tile", [1, 2], ids=["tile1", "tile2"])
+def test_forced_tiles(tile, device):
+    """Tiles of 1 and 2 steps (the plan takes 4) through forced_layout: they must agree."""
+    _check("affine", _inputs("affine", 2, 7, 2, 2, 1, torch.float32, device), dict(tile=tile))
+    _check("recurrence", _inputs("recurrence", 1, 11, 2, 4, 2, torch.float32, device), dict(SPLIT, tile=tile))
+
+
+@pytest.mark.parametrize("segments", [1, 3], ids=["whole", "split"])
+def test_one_lane_per_program(segments, device):
+    """block=1 (one lane per program, the per-lane layout) through forced_layout, k8 v1 and k4 v4."""
+    _check("affine", _inputs("affine", 2, 11, 3, 8, 1, torch.float32, device), dict(block=1, segments=segments))
+    _check("recurrence", _inputs("recurrence", 2, 11, 3, 4, 4, torch.float32, device),
+           dict(block=1, segments=segments))
 
 
 def test_bfloat16_affine_split(device):
@@ -125,7 +134,7 @@ def test_non_contiguous_inputs(device):
     A_s = A_t[:, ::2]
     h0 = h0.expand(2, -1, -1, -1)
     for plan in ({}, SPLIT):
-        with matrix.forced_plan(**plan):
+        with layout.forced_layout(**plan):
             got = mingru.matrix_recurrence(A_s, X_s, h0)
             got_a, got_b = mingru.matrix_affine_scan(A_s, X_s)
         torch.testing.assert_close(got.double(), naive.matrix_recurrence_naive(A_s, X_s, h0), **TOL[torch.float32])
@@ -148,7 +157,7 @@ def test_tf32_switch_runs_k16(device):
 def test_gradcheck_float64(op, device):
     inputs = [x.requires_grad_() for x in _inputs(op, 1, 6, 1, 2, 1, torch.float64, device)]
     fn = OPS[op][0]
-    with matrix.forced_plan(chunk=4):
+    with layout.forced_layout(segments=2):  # T=6: 4 + 2
         assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
 
 
@@ -164,9 +173,9 @@ def test_outside_envelope_falls_back(k, v, device):
 
 
 def test_plan_splits_time_only_for_few_lanes():
-    cpu = torch.device("cpu")  # counts as 4 SMs
-    few, many, short = (matrix.plan(8, 1024, 8, 9, cpu), matrix.plan(1 << 16, 1024, 2, 3, cpu),
-                        matrix.plan(8, 100, 8, 9, cpu))
-    assert few.chunk < 1024 and few.chunk % few.unroll == 0
-    assert many.chunk == 1024 and short.chunk == 100
-    assert many.block_n == 128 and matrix.plan(8, 64, 16, 32, cpu).block_n == 1
+    cpu = torch.device("cpu")  # counts as layout.CPU_SMS SMs
+    few, many, short = (layout.matrix(8, 1024, 8, 9, cpu), layout.matrix(1 << 16, 1024, 2, 3, cpu),
+                        layout.matrix(8, 100, 8, 9, cpu))
+    assert few.segments > 1 and few.seg_len < 1024 and few.seg_len % few.tile == 0
+    assert (many.segments, many.seg_len, short.segments, short.seg_len) == (1, 1024, 1, 100)
+    assert many.block == 128 and layout.matrix(8, 64, 16, 32, cpu).block == 1

@@ -126,5 +126,5 @@ def test_outside_envelope_raises_scan_fallback(k, L, device):
 
 def test_triton_mode_refuses_instead_of_downgrading(device):
     angles, decay, u, _ = _inputs(1, 3, 2, 6, 2, torch.float32, False)
-    with pytest.raises(RuntimeError, match="block size k = 6"):
+    with pytest.raises(RuntimeError, match="k = 6: the kernels are compiled for k in"):
         mingru.rotation_recurrence(angles.to(device), decay.to(device), u.to(device))

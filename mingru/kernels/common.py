@@ -1,4 +1,5 @@
-"""What every kernel module shares on the Python side: envelope checks, dtypes, TF32 switch, op registration."""
+"""What every kernel module shares on the Python side: the envelope check, the TF32 switch, op
+registration with its autograd glue, and integer helpers."""
 import contextlib
 
 import torch
@@ -9,10 +10,8 @@ try:  # the switch triton_op's own eager implementation uses; private, so tolera
 except ImportError:  # pragma: no cover - older torch: launches go through the (slower) wrapper
     _wrap_triton_enabled = lambda enabled: contextlib.nullcontext()  # noqa: E731
 
-from mingru.dispatch import ScanFallback
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-BLOCK_SIZES = (1, 2, 4, 8, 16)  # the k and v the matrix kernels are compiled for
+from mingru.dispatch import ScanFallback, interpreting
+from mingru.validate import FLOATS
 
 _dot_precision = "ieee"
 
@@ -33,13 +32,22 @@ def allow_tf32_dots(enabled=True):
         _dot_precision = old
 
 
-def require(condition, reason):
-    if not condition:
-        raise ScanFallback(reason)
-
-
-def require_dtype(x):
-    require(x.dtype in KERNEL_DTYPES, f"dtype {x.dtype} is outside the kernel envelope")
+def check_envelope(x, span=0, batch=0, sizes=()):
+    """The envelope check of every kernel entry point: ScanFallback naming the first reason the
+    kernel cannot take the call. x: an input (dtype, device); span: the largest element offset a
+    program forms in 32-bit time arithmetic; batch: the launch grid's batch dimension; sizes:
+    (name, size, allowed) triples. Messages are built only when raised: this runs on every call."""
+    if x.dtype not in FLOATS:
+        raise ScanFallback(f"dtype {x.dtype} is outside the kernel envelope")
+    if not (x.is_cuda or (x.device.type == "cpu" and interpreting())):
+        raise ScanFallback(f"tensors on {x.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
+    if span >= 2**31:
+        raise ScanFallback("one batch element spans more than 2**31 elements (32-bit time offsets)")
+    if batch >= 65536:
+        raise ScanFallback(f"batch {batch} exceeds the launch grid (65535)")
+    for name, size, allowed in sizes:
+        if size not in allowed:
+            raise ScanFallback(f"{name} = {size}: the kernels are compiled for {name} in {tuple(allowed)}")
 
 
 # Plain Python on purpose: triton.cdiv and triton.next_power_of_2 are JIT-aware functions, slow
@@ -59,33 +67,34 @@ def cotangent(g, like):
     return torch.zeros_like(like) if g is None else g
 
 
-def states_setup(ctx, inputs, output):
-    """setup_context of a states-only op (A, X, h0) -> h: saves A, h0 and h, and whether h0 was given."""
-    A, _, h0 = inputs
-    ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(A, h0, output)
+def _autograd(saved, h0):
+    """setup_context and grad for register_autograd: the backward launcher takes the inputs at
+    indices `saved`, then every output, then one cotangent per output; inputs[h0], if given, is an
+    optional initial state whose gradient is returned only when it was passed."""
+    def setup_context(ctx, inputs, output):
+        ctx.has_h0 = h0 is None or inputs[h0] is not None
+        ctx.save_for_backward(*(inputs[i] for i in saved), *(output if isinstance(output, tuple) else (output,)))
+
+    def grad(ctx, backward, *g):
+        tensors = ctx.saved_tensors
+        grads = backward(*tensors, *(cotangent(gi, o) for gi, o in zip(g, tensors[len(tensors) - len(g):])))
+        return grads if ctx.has_h0 else (*grads[:h0], None, *grads[h0 + 1:])
+    return setup_context, grad
 
 
-def states_grad(ctx, backward, g):
-    """The grad of a states-only op: backward(A, h0, h, g) -> (dA, dX, dh0); dh0 only for a given h0."""
-    A, h0, h = ctx.saved_tensors
-    dA, dX, dh0 = backward(A, h0, h, cotangent(g, h))
-    return dA, dX, (dh0 if ctx.has_h0 else None)
-
-
-def scan_op(name, forward, backward, setup_context, grad):
+def scan_op(name, forward, backward, saved, h0=None):
     """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
     return the callable the entry points use.
 
-    forward(*inputs) and backward(*saved) are plain launchers with type hints; setup_context and
-    grad(ctx, backward, *cotangents) follow torch.library.register_autograd. Under torch.compile
+    forward(*inputs) and backward(*inputs[saved], *outputs, *cotangents) are plain launchers with
+    type hints; inputs[h0] is an optional initial state (see `_autograd`). Under torch.compile
     the callable is the registered triton_op, which the compiler traces without a graph break. In
-    eager it is an autograd.Function over the same launchers: the custom-op dispatcher costs tens
-    of microseconds of host time per call, and wrap_triton's launch path (which the launchers use
-    so that tracers see the kernels) hundreds more on the H200 host; both are longer than the
-    kernel itself at the seed's small shapes (see notebooks/04_speedups). Inference calls (no input
+    eager it is an autograd.Function over the same launchers: the custom-op dispatcher and
+    wrap_triton's launch path (which the launchers use so that tracers see the kernels) both cost
+    host time per call that can exceed the kernel's own at small shapes. Inference calls (no input
     requires grad, or grad mode off) skip the autograd.Function as well.
     """
+    setup_context, grad = _autograd(saved, h0)
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
     triton_op(f"mingru::{name}_backward", mutates_args=())(backward)

@@ -1,7 +1,8 @@
-"""The shared monoid core, jitted: every scan kernel is an instance of these few functions.
+"""The affine monoid the diagonal kernels scan tiles with (the matrix and rotation kernels walk
+time step by step instead).
 
 An element (a, b) stands for the affine map h -> a*h + b; composing "first 1, then 2" gives
-(a1, b1) o (a2, b2) = (a1*a2, a2*b1 + b2), with identity (1, 0). Tiles are [CHUNK, BLOCK] with
+(a1, b1) o (a2, b2) = (a1*a2, a2*b1 + b2), with identity (1, 0). Tiles are [TILE, BLOCK] with
 time along axis 0; padded rows must hold the identity, so a tile's last row is its aggregate.
 """
 import triton

@@ -3,35 +3,33 @@
 All three are the affine monoid of `core` run along time, one lane per channel. One forward
 kernel and one backward kernel serve the three ops through the constexpr MODE:
 
-  SCAN  linear_scan(a, b) -> (A, Bc)        A_t = prod a,  Bc_t = a_t Bc_{t-1} + b_t
+  SCAN  linear_scan(a, b) -> (A, Bc)        the prefix: A_t = prod a,  Bc_t = a_t Bc_{t-1} + b_t
   REC   linear_recurrence(a, b, h0) -> h    the same, from h0, without the prefix products
   LOG   parallel_scan_log(lc, lv) -> h      h_t = e^{lc_t} h_{t-1} + e^{lv_t}, h_0 = e^{lv_0}
 
 The backward is the same monoid in reverse time: lam_t = g_t + a_{t+1} lam_{t+1}, read from the
 forward's inputs and outputs only (no division, so a_t = 0 is fine).
 
-Layout (see `plan`): one program per (D-block, batch row, time segment) walks its segment in
-tiles of CHUNK steps, scanning each tile with tl.associative_scan and carrying the state across
+Layout (`layout.diagonal`): one program per (block of channels, batch row, time segment) walks its segment in
+tiles of TILE steps, scanning each tile with tl.associative_scan and carrying the state across
 tiles in registers. With more than one segment a first pass writes each segment's aggregate and
 the second pass folds the aggregates of the earlier segments into its starting carry.
 """
-import contextlib
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.dispatch import interpreting
-from mingru.kernels.common import (cdiv, cotangent, next_pow2, require, require_dtype, scan_op, states_grad,
-                                  states_setup)
+from mingru.kernels import layout
+from mingru.kernels.common import cdiv, check_envelope, scan_op
 from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
 LOG: tl.constexpr = tl.constexpr(2)
+FORMS = ("scan", "rec", "log")  # the planner's name of each MODE
 
 
 @triton.jit
@@ -44,9 +42,9 @@ def _acc(x, F64: tl.constexpr):
 
 
 @triton.jit
-def _tile(t0, t_end, cols, cmask, D, CHUNK: tl.constexpr):
-    """Offsets (relative to a batch row) and mask of the [CHUNK, BLOCK_D] tile starting at t0."""
-    rows = tl.arange(0, CHUNK)
+def _tile_offsets(t0, t_end, cols, cmask, D, TILE: tl.constexpr):
+    """Offsets (relative to a batch row) and mask of the [TILE, BLOCK] tile starting at t0."""
+    rows = tl.arange(0, TILE)
     mask = ((t0 + rows) < t_end)[:, None] & cmask[None, :]
     return t0.to(tl.int64) * D + rows[:, None] * D + cols[None, :], mask
 
@@ -64,35 +62,35 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr
 
 
 @triton.jit
-def _program(T, D, seg_len, n_seg, BLOCK_D: tl.constexpr):
+def _program(T, D, seg_len, segments, BLOCK: tl.constexpr):
     """This program's batch row, segment, channels and the row offsets it needs."""
     b = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
-    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     t_begin = seg * seg_len
-    agg_off = (b * n_seg) * D + cols  # aggregates: (k, B, n_seg, D), k = which quantity
-    agg_stride = tl.num_programs(1) * n_seg * D
+    agg_off = (b * segments) * D + cols  # aggregates: (k, B, segments, D), k = which quantity
+    agg_stride = tl.num_programs(1) * segments * D
     # log_values has one more row than the (B, T, D) tensors: slot 0 is log h0
     return b, seg, cols, cols < D, t_begin, tl.minimum(t_begin + seg_len, T), b * T * D, b * (T + 1) * D, \
         agg_off, agg_stride
 
 
 @triton.jit
-def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, n_seg,
+def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, segments,
                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
-                    F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                     PREFETCH: tl.constexpr):
-    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, n_seg, BLOCK_D)
+    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
     y_base = lv_base + D if MODE == LOG else base
 
-    carry_a = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
-    carry_b = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
+    carry_a = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
+    carry_b = _acc(tl.zeros([BLOCK], tl.float32), F64)
     start = t_begin
     if MODE == LOG:
         # The state is carried in linear space (it is an output, so finite when the answer is);
         # only the entry state of a segment, which may be far outside the float range (h0 =
         # e^100, say), stays in log form until it is applied as one exp(lc + log h).
-        lc_sum = _acc(tl.zeros([CHUNK, BLOCK_D], tl.float32), F64)
+        lc_sum = _acc(tl.zeros([TILE, BLOCK], tl.float32), F64)
         if not AGG_PASS:
             log_h = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
             for s in range(0, seg):  # segment aggregates in log form: (sum of lc, log of B)
@@ -115,13 +113,13 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
                 carry_a = agg_a * carry_a
 
     if PREFETCH:  # registers hold the next tile while this one is scanned
-        offs, mask = _tile(start, t_end, cols, cmask, D, CHUNK)
+        offs, mask = _tile_offsets(start, t_end, cols, cmask, D, TILE)
         x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
-    for i in range(0, tl.cdiv(t_end - start, CHUNK)):
-        offs, mask = _tile(start + i * CHUNK, t_end, cols, cmask, D, CHUNK)
+    for i in range(0, tl.cdiv(t_end - start, TILE)):
+        offs, mask = _tile_offsets(start + i * TILE, t_end, cols, cmask, D, TILE)
         if PREFETCH:
             x, y = x_next, y_next
-            offs_n, mask_n = _tile(start + (i + 1) * CHUNK, t_end, cols, cmask, D, CHUNK)
+            offs_n, mask_n = _tile_offsets(start + (i + 1) * TILE, t_end, cols, cmask, D, TILE)
             x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs_n, mask_n, MODE, F64)
         else:
             x, y = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
@@ -148,33 +146,78 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
 
 
 @triton.jit
+def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
+                 lv_base, offs, mask, prev_mask, first, D, MODE: tl.constexpr, HAS_H0: tl.constexpr,
+                 F64: tl.constexpr):
+    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A)."""
+    dx_mask = mask
+    if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
+        a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
+        b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        dx = mu_t * a_prev + lam_t * b_prev
+        dy = lam_t
+    elif MODE == REC:
+        h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        if HAS_H0:
+            h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
+            h_prev = tl.where(first, h0[None, :], h_prev)
+        dx = lam_t * h_prev
+        dy = lam_t
+    else:
+        lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
+        lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
+        h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
+        dx = lam_t * tl.exp(lc) * h_prev
+        dy = lam_t * tl.exp(lv)
+        dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
+    tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
+    dy_base = lv_base + D if MODE == LOG else base
+    tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D,
+                  MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
+    """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
+    x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
+    if MODE == LOG:
+        # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
+        # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
+        lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+        d0 = lam * tl.exp(x0 + lv0)
+        tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
+        tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
+    elif HAS_H0:
+        tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
 def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
-                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, n_seg,
+                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, segments,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
-                     F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, n_seg, BLOCK_D)
+                     F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
+    b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
 
     # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
     # product of the coefficients (needed only for a segment's aggregate).
-    lam = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
-    mu = _acc(tl.zeros([BLOCK_D], tl.float32), F64)
-    c_prod = _acc(tl.full([BLOCK_D], 1.0, tl.float32), F64)
+    lam = _acc(tl.zeros([BLOCK], tl.float32), F64)
+    mu = _acc(tl.zeros([BLOCK], tl.float32), F64)
+    c_prod = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
     if not AGG_PASS:
-        for i in range(0, n_seg - 1 - seg):  # fold in the later segments, last one first
-            s = n_seg - 1 - i
+        for i in range(0, segments - 1 - seg):  # fold in the later segments, last one first
+            s = segments - 1 - i
             agg_c = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
             lam = agg_c * lam + tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
             if MODE == SCAN:
                 mu = agg_c * mu + tl.load(agg_ptr + 2 * agg_stride + agg_off + s * D, mask=cmask, other=0.0)
 
-    n_chunks = tl.cdiv(t_end - t_begin, CHUNK)
-    for i in range(0, n_chunks):
-        t = t_end - 1 - i * CHUNK - tl.arange(0, CHUNK)  # tile row r holds time t_hi - r
+    n_tiles = tl.cdiv(t_end - t_begin, TILE)
+    for i in range(0, n_tiles):
+        t = t_end - 1 - i * TILE - tl.arange(0, TILE)  # tile row r holds time t_hi - r
         valid = t >= t_begin
         mask = valid[:, None] & cmask[None, :]
         next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
         prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
-        first = (t == 0)[:, None]
         offs = t.to(tl.int64)[:, None] * D + cols[None, :]
         # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
         if MODE == LOG:
@@ -187,34 +230,14 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
         else:
             lam_t, lam = state_scan(c, g, lam)
+        mu_t = lam_t  # read only by SCAN
         if MODE == SCAN:
             ga = _acc(tl.load(ga_ptr + base + offs, mask=mask, other=0.0), F64)
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
-            dx_mask = mask
-            if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
-                a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
-                b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                dx = mu_t * a_prev + lam_t * b_prev
-                dy = lam_t
-            elif MODE == REC:
-                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                if HAS_H0:
-                    h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
-                    h_prev = tl.where(first, h0[None, :], h_prev)
-                dx = lam_t * h_prev
-                dy = lam_t
-            else:
-                lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
-                lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
-                h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
-                dx = lam_t * tl.exp(lc) * h_prev
-                dy = lam_t * tl.exp(lv)
-                dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
-            tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
-            dy_base = lv_base + D if MODE == LOG else base
-            tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+            _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
+                         base, lv_base, offs, mask, prev_mask, (t == 0)[:, None], D, MODE, HAS_H0, F64)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
@@ -222,121 +245,39 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         if MODE == SCAN:
             tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
     elif MODE != SCAN:
-        if seg == 0:  # gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)
-            x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
-            if MODE == LOG:
-                # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
-                # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
-                lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
-                d0 = lam * tl.exp(x0 + lv0)
-                tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
-                tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
-            elif HAS_H0:
-                tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
+        if seg == 0:
+            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D, MODE,
+                          HAS_H0, F64)
 
 
-class Layout(NamedTuple):
-    chunk: int
-    block_d: int
-    warps: int
-    segments: int
-    seg_len: int
-    stages: int = 3
-    prefetch: bool = False
-
-
-# Tiles per (direction, mode): (CHUNK, BLOCK_D, num_warps, num_stages, prefetch the next tile).
-# From tools/probe_diagonal.py on an H200 (first run, see `plan`); the probe re-picks them.
-TILES = {
-    ("forward", SCAN.value): (64, 64, 4, 3, False),
-    ("forward", REC.value): (64, 64, 4, 3, False),
-    ("forward", LOG.value): (32, 64, 4, 1, True),
-    ("backward", SCAN.value): (32, 64, 4, 3, False),
-    ("backward", REC.value): (32, 64, 4, 3, False),
-    ("backward", LOG.value): (32, 64, 4, 3, False),
-}
-SPLIT_BELOW_PER_SM = 1  # fewer (D-block, batch row) programs than this per SM: split time
-PROGRAMS_PER_SM = 4  # and then into enough segments for this many programs per SM
-MIN_SEGMENT_TILES = 4  # a time segment is at least this many tiles long
-
-_forced = {"chunk": 0, "segments": 0}
-
-
-@contextlib.contextmanager
-def forced_layout(chunk=0, segments=0):
-    """Force the tile length and the number of time segments (0 = automatic), for tests."""
-    old = dict(_forced)
-    _forced.update(chunk=chunk, segments=segments)
-    try:
-        yield
-    finally:
-        _forced.update(old)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device):
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan(B, T, D, sms, tiles, forced_chunk, forced_segments):
-    chunk, block_d, warps, stages, prefetch = tiles
-    chunk = forced_chunk or min(chunk, next_pow2(T))
-    block_d = min(block_d, next_pow2(D))
-    lanes = B * cdiv(D, block_d)
-    segments = forced_segments
-    if not segments:
-        want = PROGRAMS_PER_SM * sms
-        split = lanes < SPLIT_BELOW_PER_SM * sms
-        segments = max(1, min(cdiv(want, lanes), T // (MIN_SEGMENT_TILES * chunk))) if split else 1
-    seg_len = cdiv(cdiv(T, segments), chunk) * chunk
-    return Layout(chunk, block_d, warps, cdiv(T, seg_len), seg_len, stages, prefetch)
-
-
-def plan(B, T, D, device, direction="forward", mode=SCAN):
-    """Tile sizes and time segments for a (B, T, D) scan.
-
-    Rule: tiles from TILES. One program per (D-block, batch row) walks all of T unless there
-    are fewer such programs than SMs (small B*D, long T); then T is cut into segments, enough
-    for PROGRAMS_PER_SM programs per SM and each at least MIN_SEGMENT_TILES tiles long, and a
-    first pass computes the segments' aggregates (one more read of the inputs).
-    Measured on the H200 (copy 4222 GB/s), forward linear_scan B=8,T=4096,D=2048: CHUNK/BLOCK_D
-    64/64 296 us (86 % of copy) vs 32/64 390 us, and 3 segments 822 us: 256 programs, about two
-    per SM, do better unsplit; B=2,T=16384,D=1024 (32 programs): 1 segment 1084 us, 17 segments
-    404 us. The log scan gained 2x from prefetching the next tile (456 vs 894 us).
-    `forced_layout` lets tests force small tiles and splits.
-    """
-    # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which the cache
-    # cannot hash; the layout is chosen per concrete shape anyway.
-    return _plan(int(B), int(T), int(D), _sm_count(device), TILES[direction, mode.value], _forced["chunk"],
-                 _forced["segments"])
-
-
-def _launch(kernel, mode, x, lay, tensors, has_h0, n_agg, **extra):
-    """Run `kernel` over the layout: the aggregate pass first when time is split."""
+def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, **extra):
+    """Run `kernel` over the plan: the aggregate pass first when time is split."""
     B, T, D = x.shape
-    grid = (cdiv(D, lay.block_d), B, lay.segments)
+    lay = layout.diagonal(B, T, D, x.device, direction, FORMS[mode.value])
+    f64 = x.dtype == torch.float64
     agg = x
-    common = dict(MODE=mode.value, HAS_H0=has_h0, F64=x.dtype == torch.float64, CHUNK=lay.chunk,
-                  BLOCK_D=lay.block_d, num_warps=lay.warps, num_stages=lay.stages, **extra)
-    run = wrap_triton(kernel)[grid]  # not cached: what it returns depends on the caller's mode
     if lay.segments > 1:
-        agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if common["F64"] else torch.float32,
-                          device=x.device)
-        run(*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=True, **common)
-    run(*tensors, agg, T, D, lay.seg_len, lay.segments, AGG_PASS=False, **common)
+        agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if f64 else torch.float32, device=x.device)
+    args = dict(tensors, agg_ptr=agg, T=T, D=D, seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value,
+                HAS_H0=has_h0, F64=f64, TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps,
+                num_stages=lay.stages, **extra)
+    if direction == "forward":
+        args["PREFETCH"] = lay.prefetch
+    run = wrap_triton(kernel)[(cdiv(D, lay.block), B, lay.segments)]  # not cached: depends on the caller's mode
+    if lay.segments > 1:
+        run(**args, AGG_PASS=True)
+    run(**args, AGG_PASS=False)
 
 
 def _forward(mode, x, y, h0, out_a, out_h):
-    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device, "forward", mode)
-    _launch(_forward_kernel, mode, x, lay, (x, y, x if h0 is None else h0, out_a, out_h), h0 is not None, 2,
-            PREFETCH=lay.prefetch)
+    _launch(_forward_kernel, mode, "forward", x, 2, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0,
+                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None)
 
 
 def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
-    lay = plan(x.shape[0], x.shape[1], x.shape[2], x.device, "backward", mode)
-    tensors = (x, y, x if h0 is None else h0, g, ga, out_h, out_a, dx, dy, dh0)
-    _launch(_backward_kernel, mode, x, lay, tensors, h0 is not None, 3 if mode is SCAN else 2)
+    tensors = dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, g_ptr=g, ga_ptr=ga, out_h_ptr=out_h,
+                   out_a_ptr=out_a, dx_ptr=dx, dy_ptr=dy, dh0_ptr=dh0)
+    _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None)
 
 
 # ---- linear_scan -------------------------------------------------------------------------
@@ -356,16 +297,7 @@ def _linear_scan_bwd(a: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, gA: tor
     return da, db
 
 
-def _linear_scan_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], *output)
-
-
-def _linear_scan_grad(ctx, backward, gA, gB):
-    a, A, Bc = ctx.saved_tensors
-    return backward(a, A, Bc, cotangent(gA, A), cotangent(gB, Bc))
-
-
-_linear_scan = scan_op("linear_scan", _linear_scan_fwd, _linear_scan_bwd, _linear_scan_setup, _linear_scan_grad)
+_linear_scan = scan_op("linear_scan", _linear_scan_fwd, _linear_scan_bwd, saved=(0,))
 
 
 # ---- linear_recurrence --------------------------------------------------------------------
@@ -388,8 +320,8 @@ def _linear_recurrence_bwd(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch
     return da, db, dh0
 
 
-_linear_recurrence = scan_op("linear_recurrence", _linear_recurrence_fwd, _linear_recurrence_bwd,
-                             states_setup, states_grad)
+_linear_recurrence = scan_op("linear_recurrence", _linear_recurrence_fwd, _linear_recurrence_bwd, saved=(0, 2),
+                             h0=2)
 
 
 # ---- parallel_scan_log --------------------------------------------------------------------
@@ -409,38 +341,21 @@ def _parallel_scan_log_bwd(log_coeffs: torch.Tensor, log_values: torch.Tensor, h
     return dlc, dlv
 
 
-def _parallel_scan_log_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], output)
-
-
-def _parallel_scan_log_grad(ctx, backward, g):
-    lc, lv, h = ctx.saved_tensors
-    return backward(lc, lv, h, cotangent(g, h))
-
-
-_parallel_scan_log = scan_op("parallel_scan_log", _parallel_scan_log_fwd, _parallel_scan_log_bwd,
-                             _parallel_scan_log_setup, _parallel_scan_log_grad)
+_parallel_scan_log = scan_op("parallel_scan_log", _parallel_scan_log_fwd, _parallel_scan_log_bwd, saved=(0, 1))
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
-def _check(x):
-    require_dtype(x)
-    require(x.is_cuda or (x.device.type == "cpu" and interpreting()),
-            f"tensors on {x.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
-    require(x.shape[0] < 65536, f"batch {x.shape[0]} exceeds the launch grid (65535)")
-
-
 def linear_scan(a, b):
-    _check(a)
+    check_envelope(a, batch=a.shape[0])
     return _linear_scan(a, b)
 
 
 def linear_recurrence(a, b, h0=None):
-    _check(a)
+    check_envelope(a, batch=a.shape[0])
     return _linear_recurrence(a, b, h0)
 
 
 def parallel_scan_log(log_coeffs, log_values):
-    _check(log_coeffs)
+    check_envelope(log_coeffs, batch=log_coeffs.shape[0])
     return _parallel_scan_log(log_coeffs, log_values)

@@ -8,24 +8,23 @@ matrix_scan is the k=2, v=1 instance. The backward is the same walk in reverse t
   lam_t = g_t + A_{t+1}^T lam_{t+1},  dX_t = lam^H_t,  dA_t = lam_t S_{t-1}^T,  dh0 = A_1^T lam_1,
 and reads only the forward's inputs and outputs (no saved intermediates, no division).
 
-Layout (`plan`): a program owns BLOCK_N lanes and walks one time chunk. With one chunk that is
-the whole sequence. With several, a first pass writes each chunk's aggregate (its own product
-and offset); in the second pass each program first walks the aggregates of the chunks before
-its own (a short sequence with the same recurrence, so the same code) to get its carry, then
-re-walks its chunk from there. The backward is split the same way, the later chunks first.
+Layout (`layout.matrix`): a program owns BLOCK lanes and walks one time segment, TILE steps per
+iteration. With one segment that is the whole sequence. With several, a first pass writes each
+segment's aggregate (its own product and offset); in the second pass each program first walks
+the aggregates of the segments before its own (a short sequence with the same recurrence, so the
+same code) to get its carry, then re-walks its segment from there. The backward is split the same
+way, the later segments first.
 """
-import contextlib
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.dispatch import ScanFallback, interpreting
-from mingru.kernels.common import (BLOCK_SIZES, KERNEL_DTYPES, cdiv, cotangent, dot_precision, next_pow2, scan_op,
-                                  states_grad, states_setup)
+from mingru.kernels import layout
+from mingru.kernels.common import cdiv, check_envelope, dot_precision, scan_op
+from mingru.validate import BLOCK_SIZES
 
 # PMODE, how the k x k block of the forward walk behaves:
 NO_P: tl.constexpr = tl.constexpr(0)    # absent (matrix_recurrence)
@@ -36,23 +35,23 @@ ADJ: tl.constexpr = tl.constexpr(2)     # adjoint carry of the backward: starts 
 # ---- jitted building blocks ---------------------------------------------------------------
 
 @triton.jit
-def _zeros(BN: tl.constexpr, R: tl.constexpr, C: tl.constexpr, F64: tl.constexpr):
+def _zeros(BLOCK: tl.constexpr, R: tl.constexpr, C: tl.constexpr, F64: tl.constexpr):
     if F64:
-        z = tl.zeros([BN, R, C], tl.float64)
+        z = tl.zeros([BLOCK, R, C], tl.float64)
     else:
-        z = tl.zeros([BN, R, C], tl.float32)
+        z = tl.zeros([BLOCK, R, C], tl.float32)
     return z
 
 
 @triton.jit
-def _eye(BN: tl.constexpr, K: tl.constexpr, F64: tl.constexpr):
+def _eye(BLOCK: tl.constexpr, K: tl.constexpr, F64: tl.constexpr):
     r = tl.arange(0, K)
-    return _zeros(BN, K, K, F64) + tl.where(r[:, None] == r[None, :], 1.0, 0.0)[None, :, :]
+    return _zeros(BLOCK, K, K, F64) + tl.where(r[:, None] == r[None, :], 1.0, 0.0)[None, :, :]
 
 
 @triton.jit
-def _tile(ptr, sb, sn, b, i, R: tl.constexpr, C: tl.constexpr):
-    """Pointers [BN, R*C] to every lane's R x C block at t = 0.
+def _lane_ptrs(ptr, sb, sn, b, i, R: tl.constexpr, C: tl.constexpr):
+    """Pointers [BLOCK, R*C] to every lane's R x C block at t = 0.
 
     The block is flat and its offset a known multiple of R*C (the launcher guarantees it), so
     a lane's block is one vector load held by one thread instead of being spread over several.
@@ -69,7 +68,7 @@ def _blk(x):
 
 @triton.jit
 def _load(tile, t, st, mask, R: tl.constexpr, C: tl.constexpr, F64: tl.constexpr):
-    """Every lane's R x C block at time t, as [BN, R, C] in the accumulation dtype."""
+    """Every lane's R x C block at time t, as [BLOCK, R, C] in the accumulation dtype."""
     x = tl.load(tile + t * st, mask=mask, other=0.0)
     if F64:
         y = x.to(tl.float64)
@@ -86,7 +85,7 @@ def _store(tile, t, st, x, mask):
 
 @triton.jit
 def _mm(a, s, TRANS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """a @ s for every lane (a^T @ s if TRANS); a [BN,K,K], s [BN,K,W].
+    """a @ s for every lane (a^T @ s if TRANS); a [BLOCK,K,K], s [BLOCK,K,W].
 
     Below k=16 a broadcast product summed in registers is exact fp32; tl.dot needs every dim
     >= 16 and, on float32, would round through TF32 unless PREC says "ieee".
@@ -106,7 +105,7 @@ def _mm(a, s, TRANS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
-    """x @ y^T for every lane; x, y [BN,K,W] -> [BN,K,K]."""
+    """x @ y^T for every lane; x, y [BLOCK,K,W] -> [BLOCK,K,K]."""
     if DOT:
         z = tl.dot(x, tl.permute(y, (0, 2, 1)), input_precision=PREC)
     else:
@@ -116,13 +115,15 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _program(BN: tl.constexpr, L, NL, CHUNK, T):
-    """This program's lanes (live mask [BN, 1], batch and n index) and its chunk c = [start, end)."""
-    lane = tl.program_id(0) * BN + tl.arange(0, BN)
+def _program(A, a_sb, a_sn, BLOCK: tl.constexpr, LANES, N, seg_len, T, K: tl.constexpr, F64: tl.constexpr):
+    """This program's lanes (live mask [BLOCK, 1], batch and n index), its segment c = [start, end),
+    the identity and the pointers to its lanes' transitions."""
+    lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1)
-    start = c * CHUNK
-    return ((lane < L)[:, None], (lane // NL).to(tl.int64), (lane % NL).to(tl.int64), c, start,
-            tl.minimum(start + CHUNK, T))
+    start = c * seg_len
+    b, i = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    return ((lane < LANES)[:, None], b, i, c, start, tl.minimum(start + seg_len, T), _eye(BLOCK, K, F64),
+            _lane_ptrs(A, a_sb, a_sn, b, i, K, K))
 
 
 # ---- forward: S_t = A_t S_{t-1} + X_t ------------------------------------------------------
@@ -130,7 +131,7 @@ def _program(BN: tl.constexpr, L, NL, CHUNK, T):
 @triton.jit
 def _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t, end, live, eye,
               K: tl.constexpr, V: tl.constexpr, PMODE: tl.constexpr, F64: tl.constexpr):
-    ok = _blk(t) < end  # steps past the chunk are the identity (I, 0)
+    ok = _blk(t) < end  # steps past the segment are the identity (I, 0)
     a = tl.where(ok, _load(a_tile, t, a_st, live & ok, K, K, F64), eye)
     xh = _load(xh_tile, t, xh_st, live & ok, K, V, F64)
     xp = 0.0
@@ -157,29 +158,29 @@ def _fwd_step(P, H, a, xp, xh, t, end, op_tile, op_st, oh_tile, oh_st, live,
 @triton.jit
 def _fwd_walk(P, H, a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st,
               start, end, live, eye, K: tl.constexpr, V: tl.constexpr, PMODE: tl.constexpr,
-              STORE: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+              STORE: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
               DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
     """Steps start..end-1 of S_t = A_t S_{t-1} + X_t from the state (P, H); STORE writes every S_t.
 
-    UNROLL steps per iteration: their loads do not depend on the state, so all are issued before
+    TILE steps per iteration: their loads do not depend on the state, so all are issued before
     the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
     """
-    for t0 in tl.range(start, end, UNROLL, num_stages=STAGES):
+    for t0 in tl.range(start, end, TILE, num_stages=STAGES):
         a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, K, V, PMODE, F64)
-        if UNROLL >= 2:
+        if TILE >= 2:
             a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 1, end, live, eye,
                                      K, V, PMODE, F64)
-        if UNROLL >= 4:
+        if TILE >= 4:
             a2, xp2, xh2 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 2, end, live, eye,
                                      K, V, PMODE, F64)
             a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
                                      K, V, PMODE, F64)
         P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
                          PMODE, STORE, DOT_P, DOT_H, PREC)
-        if UNROLL >= 2:
+        if TILE >= 2:
             P, H = _fwd_step(P, H, a1, xp1, xh1, t0 + 1, end, op_tile, op_st, oh_tile, oh_st, live,
                              PMODE, STORE, DOT_P, DOT_H, PREC)
-        if UNROLL >= 4:
+        if TILE >= 4:
             P, H = _fwd_step(P, H, a2, xp2, xh2, t0 + 2, end, op_tile, op_st, oh_tile, oh_st, live,
                              PMODE, STORE, DOT_P, DOT_H, PREC)
             P, H = _fwd_step(P, H, a3, xp3, xh3, t0 + 3, end, op_tile, op_st, oh_tile, oh_st, live,
@@ -190,36 +191,34 @@ def _fwd_walk(P, H, a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, op_tile, op_st
 @triton.jit
 def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_sn,
                     GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
-                    OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn, NL, L, T, CHUNK,
-                    K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, PMODE: tl.constexpr,
+                    OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn, N, LANES, T, seg_len,
+                    K: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr, PMODE: tl.constexpr,
                     HAS_H0: tl.constexpr, AGG_PASS: tl.constexpr, SPLIT: tl.constexpr,
-                    UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+                    TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Walk chunk c = program_id(1) of BN lanes.
+    """Walk segment c = program_id(1) of BLOCK lanes.
 
-    AGG_PASS: from (I, 0), write only the chunk's aggregate (product, offset) to row c of OP, OH.
+    AGG_PASS: from (I, 0), write only the segment's aggregate (product, offset) to row c of OP, OH.
     Otherwise write every state to OP (if PMODE) and OH, starting (when SPLIT) from the initial
-    state carried through the aggregates GP, GH of chunks 0..c-1.
+    state carried through the aggregates GP, GH of segments 0..c-1.
     """
-    live, b, i, c, start, end = _program(BN, L, NL, CHUNK, T)
-    eye = _eye(BN, K, F64)
-    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
-    xh_tile = _tile(XH, xh_sb, xh_sn, b, i, K, V)
-    op_tile = _tile(OP, op_sb, op_sn, b, i, K, K)
-    oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
+    live, b, i, c, start, end, eye, a_tile = _program(A, a_sb, a_sn, BLOCK, LANES, N, seg_len, T, K, F64)
+    xh_tile = _lane_ptrs(XH, xh_sb, xh_sn, b, i, K, V)
+    op_tile = _lane_ptrs(OP, op_sb, op_sn, b, i, K, K)
+    oh_tile = _lane_ptrs(OH, oh_sb, oh_sn, b, i, K, V)
 
-    H = _zeros(BN, K, V, F64)
+    H = _zeros(BLOCK, K, V, F64)
     if HAS_H0:
-        H = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
-    P = _zeros(BN, 1, 1, F64)  # placeholder: loop-carried values must be tensors
+        H = _load(_lane_ptrs(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
+    P = _zeros(BLOCK, 1, 1, F64)  # placeholder: loop-carried values must be tensors
     if PMODE == PROD:
         P = eye
     if SPLIT:  # the aggregates are a short sequence with the same recurrence
-        P, H = _fwd_walk(P, H, _tile(GP, gp_sb, gp_sn, b, i, K, K), gp_st, a_tile, 0,
-                         _tile(GH, gh_sb, gh_sn, b, i, K, V), gh_st, op_tile, 0, oh_tile, 0, 0, c, live, eye,
-                         K, V, PMODE, False, UNROLL, STAGES, F64, DOT_P, DOT_H, PREC)
+        P, H = _fwd_walk(P, H, _lane_ptrs(GP, gp_sb, gp_sn, b, i, K, K), gp_st, a_tile, 0,
+                         _lane_ptrs(GH, gh_sb, gh_sn, b, i, K, V), gh_st, op_tile, 0, oh_tile, 0, 0, c, live, eye,
+                         K, V, PMODE, False, TILE, STAGES, F64, DOT_P, DOT_H, PREC)
     P, H = _fwd_walk(P, H, a_tile, a_st, a_tile, 0, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st, start, end,
-                     live, eye, K, V, PMODE, not AGG_PASS, UNROLL, STAGES, F64, DOT_P, DOT_H, PREC)
+                     live, eye, K, V, PMODE, not AGG_PASS, TILE, STAGES, F64, DOT_P, DOT_H, PREC)
     if AGG_PASS:
         _store(op_tile, c, op_st, P, live)
         _store(oh_tile, c, oh_st, H, live)
@@ -232,7 +231,7 @@ def _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_t
               t, start, T, live, eye, K: tl.constexpr, V: tl.constexpr, HAS_P: tl.constexpr,
               GRADS: tl.constexpr, F64: tl.constexpr):
     tt = _blk(t)
-    ok = tt >= start  # steps before the chunk are the identity
+    ok = tt >= start  # steps before the segment are the identity
     a = tl.where(ok, _load(a_tile, t + 1, a_st, live & ok & (tt + 1 < T), K, K, F64), eye)  # A_T = 0
     gh = _load(gh_tile, t, gh_st, live & ok, K, V, F64)
     gp = 0.0
@@ -262,69 +261,27 @@ def _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, d
         if HAS_P:
             dA += _mm_nt(LP, sp, DOT_P, PREC)
         _store(da_tile, t, da_st, dA, ok)
-    else:  # the chunk's aggregate also needs the product of its transposed transitions
+    else:  # the segment's aggregate also needs the product of its transposed transitions
         M = _mm(a, M, True, DOT_P, PREC)
     return M, LP, LH
 
 
 @triton.jit
-def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
-                     SP, sp_sb, sp_st, sp_sn, SH, sh_sb, sh_st, sh_sn, H0, h0_sb, h0_sn,
-                     DA, da_sb, da_st, da_sn, DX, dx_sb, dx_st, dx_sn, DH0, dh0_sb, dh0_sn,
-                     OM, om_sb, om_st, om_sn, OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn,
-                     NL, L, T, CHUNK, NCHUNK,
-                     K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, HAS_P: tl.constexpr,
-                     HAS_H0: tl.constexpr, SPLIT: tl.constexpr, GRADS: tl.constexpr,
-                     UNROLL: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
-                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Walk chunk c backwards.
-
-    GRADS writes dA, dX (and dh0), starting (when SPLIT) from lam at the start of chunk c+1,
-    carried through the aggregates of the later chunks. Otherwise the chunk's aggregate
-    lam_start = M lam_end + y goes to row NCHUNK-1-c of OM, OP, OH: reversed, so the later
-    chunks come first and the carry is the forward walk over rows 0..NCHUNK-2-c.
-    """
-    live, b, i, c, start, end = _program(BN, L, NL, CHUNK, T)
-    eye = _eye(BN, K, F64)
-    a_tile = _tile(A, a_sb, a_sn, b, i, K, K)
-    gp_tile = _tile(GP, gp_sb, gp_sn, b, i, K, K)
-    gh_tile = _tile(GH, gh_sb, gh_sn, b, i, K, V)
-    sp_tile = _tile(SP, sp_sb, sp_sn, b, i, K, K)
-    sh_tile = _tile(SH, sh_sb, sh_sn, b, i, K, V)
-    da_tile = _tile(DA, da_sb, da_sn, b, i, K, K)
-    dx_tile = _tile(DX, dx_sb, dx_sn, b, i, K, V)
-
-    LH = _zeros(BN, K, V, F64)
-    LP = _zeros(BN, 1, 1, F64)  # placeholders: loop-carried values must be tensors
-    if HAS_P:
-        LP = _zeros(BN, K, K, F64)
-    M = _zeros(BN, 1, 1, F64)
-    if not GRADS:
-        M = eye
-    if SPLIT:
-        om_tile = _tile(OM, om_sb, om_sn, b, i, K, K)
-        oh_tile = _tile(OH, oh_sb, oh_sn, b, i, K, V)
-        if HAS_P:
-            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, _tile(OP, op_sb, op_sn, b, i, K, K), op_st, oh_tile, oh_st,
-                               om_tile, 0, oh_tile, 0, 0, NCHUNK - 1 - c, live, eye, K, V, ADJ, False, UNROLL,
-                               STAGES, F64, DOT_P, DOT_H, PREC)
-        else:
-            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, om_tile, 0, oh_tile, oh_st, om_tile, 0, oh_tile, 0,
-                               0, NCHUNK - 1 - c, live, eye, K, V, NO_P, False, UNROLL, STAGES, F64,
-                               DOT_P, DOT_H, PREC)
-    h_init = _zeros(BN, K, V, F64)
-    if HAS_H0:
-        h_init = _load(_tile(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
-
-    for j0 in tl.range(0, end - start, UNROLL, num_stages=STAGES):
+def _bwd_walk(M, LP, LH, a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st,
+              da_tile, da_st, dx_tile, dx_st, h_init, start, end, T, live, eye, K: tl.constexpr, V: tl.constexpr,
+              HAS_P: tl.constexpr, GRADS: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr,
+              F64: tl.constexpr, DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Steps end-1 down to start of the adjoint walk from (M, LP, LH), TILE steps per iteration
+    (their loads first, as in `_fwd_walk`); GRADS writes dX and dA of every step."""
+    for j0 in tl.range(0, end - start, TILE, num_stages=STAGES):
         t0 = end - 1 - j0
         a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                            sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
-        if UNROLL >= 2:
+        if TILE >= 2:
             a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                                sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
                                                K, V, HAS_P, GRADS, F64)
-        if UNROLL >= 4:
+        if TILE >= 4:
             a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
                                                sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
                                                K, V, HAS_P, GRADS, F64)
@@ -333,93 +290,82 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
                                                K, V, HAS_P, GRADS, F64)
         M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
                               live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if UNROLL >= 2:
+        if TILE >= 2:
             M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
                                   dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if UNROLL >= 4:
+        if TILE >= 4:
             M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
                                   dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
             M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
                                   dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+    return M, LP, LH
+
+
+@triton.jit
+def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
+                     SP, sp_sb, sp_st, sp_sn, SH, sh_sb, sh_st, sh_sn, H0, h0_sb, h0_sn,
+                     DA, da_sb, da_st, da_sn, DX, dx_sb, dx_st, dx_sn, DH0, dh0_sb, dh0_sn,
+                     OM, om_sb, om_st, om_sn, OP, op_sb, op_st, op_sn, OH, oh_sb, oh_st, oh_sn,
+                     N, LANES, T, seg_len, segments,
+                     K: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr, HAS_P: tl.constexpr,
+                     HAS_H0: tl.constexpr, SPLIT: tl.constexpr, GRADS: tl.constexpr,
+                     TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
+                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+    """Walk segment c backwards.
+
+    GRADS writes dA, dX (and dh0), starting (when SPLIT) from lam at the start of segment c+1,
+    carried through the aggregates of the later segments. Otherwise the segment's aggregate
+    lam_start = M lam_end + y goes to row segments-1-c of OM, OP, OH: reversed, so the later
+    segments come first and the carry is the forward walk over rows 0..segments-2-c.
+    """
+    live, b, i, c, start, end, eye, a_tile = _program(A, a_sb, a_sn, BLOCK, LANES, N, seg_len, T, K, F64)
+    gp_tile = _lane_ptrs(GP, gp_sb, gp_sn, b, i, K, K)
+    gh_tile = _lane_ptrs(GH, gh_sb, gh_sn, b, i, K, V)
+    sp_tile = _lane_ptrs(SP, sp_sb, sp_sn, b, i, K, K)
+    sh_tile = _lane_ptrs(SH, sh_sb, sh_sn, b, i, K, V)
+    da_tile = _lane_ptrs(DA, da_sb, da_sn, b, i, K, K)
+    dx_tile = _lane_ptrs(DX, dx_sb, dx_sn, b, i, K, V)
+
+    LH = _zeros(BLOCK, K, V, F64)
+    LP = _zeros(BLOCK, 1, 1, F64)  # placeholders: loop-carried values must be tensors
+    if HAS_P:
+        LP = _zeros(BLOCK, K, K, F64)
+    M = _zeros(BLOCK, 1, 1, F64)
+    if not GRADS:
+        M = eye
+    if SPLIT:
+        om_tile = _lane_ptrs(OM, om_sb, om_sn, b, i, K, K)
+        oh_tile = _lane_ptrs(OH, oh_sb, oh_sn, b, i, K, V)
+        if HAS_P:
+            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, _lane_ptrs(OP, op_sb, op_sn, b, i, K, K), op_st, oh_tile, oh_st,
+                               om_tile, 0, oh_tile, 0, 0, segments - 1 - c, live, eye, K, V, ADJ, False, TILE,
+                               STAGES, F64, DOT_P, DOT_H, PREC)
+        else:
+            LP, LH = _fwd_walk(LP, LH, om_tile, om_st, om_tile, 0, oh_tile, oh_st, om_tile, 0, oh_tile, 0,
+                               0, segments - 1 - c, live, eye, K, V, NO_P, False, TILE, STAGES, F64,
+                               DOT_P, DOT_H, PREC)
+    h_init = _zeros(BLOCK, K, V, F64)
+    if HAS_H0:
+        h_init = _load(_lane_ptrs(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
+
+    M, LP, LH = _bwd_walk(M, LP, LH, a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st,
+                          da_tile, da_st, dx_tile, dx_st, h_init, start, end, T, live, eye, K, V, HAS_P, GRADS,
+                          TILE, STAGES, F64, DOT_P, DOT_H, PREC)
 
     if GRADS:
         if HAS_H0:  # dh0 = A_1^T lam_1, from the program that walked t = 0
             first = live & (_blk(c) == 0)
             a = _load(a_tile, 0, a_st, first, K, K, F64)
-            _store(_tile(DH0, dh0_sb, dh0_sn, b, i, K, V), 0, 0, _mm(a, LH, True, DOT_H, PREC), first)
+            _store(_lane_ptrs(DH0, dh0_sb, dh0_sn, b, i, K, V), 0, 0, _mm(a, LH, True, DOT_H, PREC), first)
     else:
-        row = NCHUNK - 1 - c
-        _store(_tile(OM, om_sb, om_sn, b, i, K, K), row, om_st, M, live)
+        row = segments - 1 - c
+        _store(_lane_ptrs(OM, om_sb, om_sn, b, i, K, K), row, om_st, M, live)
         if HAS_P:
-            _store(_tile(OP, op_sb, op_sn, b, i, K, K), row, op_st, LP, live)
-        _store(_tile(OH, oh_sb, oh_sn, b, i, K, V), row, oh_st, LH, live)
+            _store(_lane_ptrs(OP, op_sb, op_sn, b, i, K, K), row, op_st, LP, live)
+        _store(_lane_ptrs(OH, oh_sb, oh_sn, b, i, K, V), row, oh_st, LH, live)
 
 
-# ---- layout -------------------------------------------------------------------------------
-
-class Plan(NamedTuple):
-    block_n: int     # lanes per program
-    chunk: int       # time steps per program (>= T: one sequential walk)
-    num_warps: int
-    unroll: int      # steps whose loads are issued together (1, 2 or 4)
-    stages: int      # num_stages of the time loop (1: no pipelining by Triton)
-
-
-PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
-MIN_CHUNK = 32               # a chunk pays a first pass and a carry step: keep it long
-PROGRAMS_PER_SM = 4
-
-_forced = {}
-
-
-@contextlib.contextmanager
-def forced_plan(**fields):
-    """Override fields of every `plan` inside the block (tests force the T-split, the probe times variants)."""
-    global _forced
-    old, _forced = _forced, {**_forced, **fields}
-    try:
-        yield
-    finally:
-        _forced = old
-
-
-def plan(lanes, T, k, width, device):
-    """Layout of a walk over `lanes` states of k x `width` columns along T steps.
-
-    Rule: BLOCK_N = the most lanes (a power of two, <= 128) whose broadcast products fit
-    PRODUCTS_PER_PROGRAM. The walk is latency-bound (each step waits on the previous one), so
-    when the lane blocks alone give fewer than PROGRAMS_PER_SM programs per SM and T >= 4 *
-    MIN_CHUNK, T is cut into chunks of >= MIN_CHUNK steps until they do. A split costs a second
-    launch and walks each chunk twice plus the earlier chunks' aggregates, so short T stays whole.
-
-    Measured on the H200 (tools/probe_matrix.py, 3-launch split, median us): matrix_scan
-    B16-T1024-n32 forward on its own (CUDA graph) 15.5 split in 32 chunks; unsplit, a step costs
-    ~0.15 us (B128-T64: 9.3 for 64 steps). matrix_affine_scan k=8 B16-T1024-n8 (GPU-bound):
-    298 split in 16 chunks vs 1008 whole. Through do_bench every launch also costs ~100 us of
-    host time there, so at B128-T64 the ops measure 115-135 whole and 250-470 split.
-    """
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return _plan(int(lanes), int(T), int(k), int(width), sms)._replace(**_forced)  # int(): SymInts do not hash
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(lanes, T, k, width, sms):
-    block_n = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
-    unroll = 4
-    chunk = T
-    blocks = cdiv(lanes, block_n)
-    want = PROGRAMS_PER_SM * sms
-    if blocks < want and T >= 4 * MIN_CHUNK:
-        n_chunks = min(cdiv(want, blocks), T // MIN_CHUNK)
-        chunk = cdiv(cdiv(T, n_chunks), unroll) * unroll
-    return Plan(block_n, chunk, 4, unroll, 1)
-
-
-def _pow2_floor(n):
-    return 1 << (max(int(n), 1).bit_length() - 1)
-
-
-# ---- launches -----------------------------------------------------------------------------
+# ---- launches ----------------------------------------------------------------------------
 
 def _dense(x):
     """x itself if its (R, C) blocks are dense and every outer stride is a multiple of R*C (what
@@ -432,73 +378,74 @@ def _dense(x):
     return x.contiguous()
 
 
-def _seq(x):
-    """A (B, T, n, R, C) tensor as kernel arguments: pointer and its b, t, n strides."""
-    sb, st, sn = x.stride()[:3]
-    return (x, sb, st, sn)
+def _seq(name, x, stand_in):
+    """Kernel arguments of a (B, T, n, R, C) tensor: pointer `name` and its b, t, n strides; zero
+    strides on `stand_in` when x is None (the kernel does not read it)."""
+    p = name.lower()
+    sb, st, sn = x.stride()[:3] if x is not None else (0, 0, 0)
+    return {name: stand_in if x is None else x, f"{p}_sb": sb, f"{p}_st": st, f"{p}_sn": sn}
 
 
-def _per_lane(x):
-    """A (B, n, R, C) tensor (h0, dh0) as kernel arguments."""
-    return (x, x.stride(0), x.stride(1))
+def _per_lane(name, x, stand_in):
+    """Kernel arguments of a (B, n, R, C) tensor (h0, dh0), as `_seq`."""
+    p = name.lower()
+    return {name: stand_in if x is None else x, f"{p}_sb": 0 if x is None else x.stride(0),
+            f"{p}_sn": 0 if x is None else x.stride(1)}
 
 
 def _rows(n_rows, B, n, R, C, like):
-    """Chunk aggregates or carries, (B, n_rows, n, R, C), row-major so each row is contiguous."""
+    """Segment aggregates or carries, (B, n_rows, n, R, C), row-major so each row is contiguous."""
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     return torch.empty(n_rows, B, n, R, C, dtype=dtype, device=like.device).transpose(0, 1)
 
 
-def _consts(k, v, lay, f64):
+def _launch(kernel, like, width, v, **args):
+    """The segment count, and a launcher with the grid and the arguments every pass of a walk over
+    `like` (B, T, n, k, k) shares."""
+    B, T, n, k, _ = like.shape
+    lay = layout.matrix(B * n, T, k, width, like.device)
+    f64 = like.dtype == torch.float64
     dot = k >= 16 and not f64
-    return dict(K=k, V=v, BN=lay.block_n, UNROLL=lay.unroll, STAGES=lay.stages, F64=f64,
-                DOT_P=dot, DOT_H=dot and v >= 16, PREC=dot_precision() if dot else "ieee", num_warps=lay.num_warps)
+    run = kernel[(cdiv(B * n, lay.block), lay.segments)]
+    shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
+                  STAGES=lay.stages, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16,
+                  PREC=dot_precision() if dot else "ieee", num_warps=lay.warps)
+    return lay.segments, lambda **more: run(**shared, **args, **more)
 
 
 def _forward(A, X, h0, H, P):
     """Fill H (and P, the prefix products, if given) with the walk from h0 (zeros if None)."""
-    B, T, n, k, _ = A.shape
+    B, _, n, k, _ = A.shape
     v = X.shape[-1]
-    lay = plan(B * n, T, k, v + k, A.device)  # + k: the T-split's first pass carries the product
-    const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks, blocks = cdiv(T, lay.chunk), cdiv(B * n, lay.block_n)
-    none = (A, 0, 0, 0)
-    init = _per_lane(h0) if h0 is not None else (A, 0, 0)
-    agg = (none, none)
-    kernel = wrap_triton(_forward_kernel)
-    if n_chunks > 1:  # first pass: every chunk's product and offset
-        agg = (_seq(_rows(n_chunks, B, n, k, k, A)), _seq(_rows(n_chunks, B, n, k, v, A)))
-        kernel[(blocks, n_chunks)](*_seq(A), *_seq(X), A, 0, 0, *none, *none, *agg[0], *agg[1],
-                                   n, B * n, T, lay.chunk, PMODE=PROD.value, HAS_H0=False, AGG_PASS=True,
-                                   SPLIT=False, **const)
-    kernel[(blocks, n_chunks)](*_seq(A), *_seq(X), *init, *agg[0], *agg[1], *(_seq(P) if P is not None else none),
-                               *_seq(H), n, B * n, T, lay.chunk, PMODE=(PROD if P is not None else NO_P).value,
-                               HAS_H0=h0 is not None, AGG_PASS=False, SPLIT=n_chunks > 1, **const)
+    # width + k: the time split's first pass carries the product
+    segments, run = _launch(wrap_triton(_forward_kernel), A, v + k, v, **_seq("A", A, A), **_seq("XH", X, A))
+    agg = (None, None)
+    if segments > 1:  # first pass: every segment's product and offset
+        agg = (_rows(segments, B, n, k, k, A), _rows(segments, B, n, k, v, A))
+        run(**_per_lane("H0", None, A), **_seq("GP", None, A), **_seq("GH", None, A), **_seq("OP", agg[0], A),
+            **_seq("OH", agg[1], A), PMODE=PROD.value, HAS_H0=False, AGG_PASS=True, SPLIT=False)
+    run(**_per_lane("H0", h0, A), **_seq("GP", agg[0], A), **_seq("GH", agg[1], A), **_seq("OP", P, A),
+        **_seq("OH", H, A), PMODE=(PROD if P is not None else NO_P).value, HAS_H0=h0 is not None, AGG_PASS=False,
+        SPLIT=segments > 1)
 
 
 def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
     """Fill dA, dX (and dh0) from the cotangents gH (and gP of the prefix products, if P is given)."""
-    B, T, n, k, _ = A.shape
+    B, _, n, k, _ = A.shape
     v = H.shape[-1]
     has_p = P is not None
-    lay = plan(B * n, T, k, v + k + (k if has_p else 0), A.device)
-    const = _consts(k, v, lay, A.dtype == torch.float64)
-    n_chunks, blocks = cdiv(T, lay.chunk), cdiv(B * n, lay.block_n)
-    none = (A, 0, 0, 0)
-    p_args = (_seq(P), _seq(gP)) if has_p else (none, none)
-    agg = (none, none, none)
-    kernel = wrap_triton(_backward_kernel)
-    if n_chunks > 1:  # first pass: every chunk's map lam_end -> lam_start, later chunks first
-        agg = (_seq(_rows(n_chunks, B, n, k, k, A)), _seq(_rows(n_chunks, B, n, k, k, A)) if has_p else none,
-               _seq(_rows(n_chunks, B, n, k, v, A)))
-        kernel[(blocks, n_chunks)](*_seq(A), *p_args[1], *_seq(gH), *none, *none, A, 0, 0, *none, *none, A, 0, 0,
-                                   *agg[0], *agg[1], *agg[2], n, B * n, T, lay.chunk, n_chunks,
-                                   HAS_P=has_p, HAS_H0=False, SPLIT=False, GRADS=False, **const)
-    kernel[(blocks, n_chunks)](*_seq(A), *p_args[1], *_seq(gH), *p_args[0], *_seq(H),
-                               *(_per_lane(h0) if h0 is not None else (A, 0, 0)), *_seq(dA), *_seq(dX),
-                               *(_per_lane(dh0) if h0 is not None else (A, 0, 0)), *agg[0], *agg[1], *agg[2],
-                               n, B * n, T, lay.chunk, n_chunks, HAS_P=has_p, HAS_H0=h0 is not None,
-                               SPLIT=n_chunks > 1, GRADS=True, **const)
+    segments, run = _launch(wrap_triton(_backward_kernel), A, v + k + (k if has_p else 0), v, **_seq("A", A, A),
+                            **_seq("GP", gP, A), **_seq("GH", gH, A), HAS_P=has_p)
+    agg = (None, None, None)
+    if segments > 1:  # first pass: every segment's map lam_end -> lam_start, later segments first
+        agg = (_rows(segments, B, n, k, k, A), _rows(segments, B, n, k, k, A) if has_p else None,
+               _rows(segments, B, n, k, v, A))
+        run(**_seq("SP", None, A), **_seq("SH", None, A), **_per_lane("H0", None, A), **_seq("DA", None, A),
+            **_seq("DX", None, A), **_per_lane("DH0", None, A), **_seq("OM", agg[0], A), **_seq("OP", agg[1], A),
+            **_seq("OH", agg[2], A), segments=segments, HAS_H0=False, SPLIT=False, GRADS=False)
+    run(**_seq("SP", P, A), **_seq("SH", H, A), **_per_lane("H0", h0, A), **_seq("DA", dA, A), **_seq("DX", dX, A),
+        **_per_lane("DH0", dh0, A), **_seq("OM", agg[0], A), **_seq("OP", agg[1], A), **_seq("OH", agg[2], A),
+        segments=segments, HAS_H0=h0 is not None, SPLIT=segments > 1, GRADS=True)
 
 
 # ---- matrix_affine_scan, and matrix_scan: its k=2, v=1 instance with b (B,T,n,2) as (B,T,n,2,1) ----
@@ -539,18 +486,8 @@ def _matrix_scan_bwd(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: 
     return _scan_backward(M, Abar, Bc.unsqueeze(-1), gA, gB.unsqueeze(-1), db.unsqueeze(-1)), db
 
 
-def _scan_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], *output)
-
-
-def _scan_grad(ctx, backward, gA, gB):
-    A, Abar, Bbar = ctx.saved_tensors
-    return backward(A, Abar, Bbar, cotangent(gA, Abar), cotangent(gB, Bbar))
-
-
-_matrix_affine_scan = scan_op("matrix_affine_scan", _matrix_affine_scan_fwd, _matrix_affine_scan_bwd,
-                              _scan_setup, _scan_grad)
-_matrix_scan = scan_op("matrix_scan", _matrix_scan_fwd, _matrix_scan_bwd, _scan_setup, _scan_grad)
+_matrix_affine_scan = scan_op("matrix_affine_scan", _matrix_affine_scan_fwd, _matrix_affine_scan_bwd, saved=(0,))
+_matrix_scan = scan_op("matrix_scan", _matrix_scan_fwd, _matrix_scan_bwd, saved=(0,))
 
 
 # ---- matrix_recurrence: states only, no prefix products -------------------------------------
@@ -572,24 +509,17 @@ def _matrix_recurrence_bwd(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch
     return dA, dX, dh0
 
 
-_matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matrix_recurrence_bwd,
-                             states_setup, states_grad)
+_matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matrix_recurrence_bwd, saved=(0, 2),
+                             h0=2)
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
 def _check(A, X):
-    """ScanFallback outside the envelope (the messages are only built when raised: this runs per call)."""
-    k, v, T, n = A.shape[-1], X.shape[-1], A.shape[1], A.shape[2]
-    if A.dtype not in KERNEL_DTYPES:
-        raise ScanFallback(f"dtype {A.dtype} is outside the kernel envelope")
-    if not (A.is_cuda or (A.device.type == "cpu" and interpreting())):
-        raise ScanFallback(f"tensors on {A.device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)")
-    if k not in BLOCK_SIZES or v not in BLOCK_SIZES:
-        raise ScanFallback(f"block size k={k}, injection width v={v}: the kernels take k, v in {BLOCK_SIZES}")
+    T, n, k, v = A.shape[1], A.shape[2], A.shape[-1], X.shape[-1]
     # time offsets are 32-bit within a lane (lanes use 64-bit offsets)
-    if T * max(A.stride(1), X.stride(1), n * k * max(k, v)) >= 2**31:
-        raise ScanFallback("one batch element spans more than 2**31 elements")
+    check_envelope(A, span=T * max(A.stride(1), X.stride(1), n * k * max(k, v)),
+                   sizes=(("k", k, BLOCK_SIZES), ("v", v, BLOCK_SIZES)))
 
 
 def matrix_affine_scan(A, Bm):

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.kernels.common import KERNEL_DTYPES, cdiv, require, scan_op
+from mingru.kernels import layout
+from mingru.kernels.common import cdiv, check_envelope, scan_op
 
 BLOCK_KS = (2, 4, 8, 16)
 MAX_LAYERS = 16
@@ -65,7 +66,8 @@ def _roll_masks(H: tl.constexpr):
 
 
 @triton.jit
-def _tile(ptr, mask, like):
+def _load_rows(ptr, mask, like):
+    """The flat vector at ptr as a tile shaped and typed like `like`."""
     return tl.reshape(tl.load(ptr, mask=mask, other=0.0), like.shape).to(like.dtype)
 
 
@@ -75,7 +77,7 @@ def _rotate(E, O, ang_t, sal, mask, L: tl.constexpr):
     odd layers (O_j, E_{j+1})."""
     nxt, prv = _roll_masks(E.shape[0])
     for l in tl.static_range(L):
-        s, c = _sincos(_tile(ang_t + l * sal, mask, E))
+        s, c = _sincos(_load_rows(ang_t + l * sal, mask, E))
         if l % 2 == 0:
             E, O = c * E - s * O, s * E + c * O
         else:
@@ -97,7 +99,7 @@ def _rotate_back(E, O, NE, NO, ang_t, sal, dang_t, mask, L: tl.constexpr):
     nxt, prv = _roll_masks(H)
     for r in tl.static_range(L):
         l = L - 1 - r
-        s, c = _sincos(_tile(ang_t + l * sal, mask, E))
+        s, c = _sincos(_load_rows(ang_t + l * sal, mask, E))
         if l % 2 == 0:
             p, q, a, b = E, O, NE, NO
         else:
@@ -128,11 +130,13 @@ def _store_pair(ptr, E, O, mask):
 
 
 @triton.jit
-def _lanes(LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its (b, n)."""
+def _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its live mask and
+    (b, n), and the lane's angle and decay pointers at t = 0."""
     f = tl.arange(0, H * BLOCK_N)
     lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    return f // BLOCK_N, lane, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    j, b, n = f // BLOCK_N, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    return j, lane, lane < LANES, b, n, ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn
 
 
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
@@ -146,22 +150,20 @@ def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
-    ang_f = ang + b * sab + n * san + j * saj
-    dec_f = dec + b * sdb + n * sdn
+    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     u_f = u + b * sub + n * sun + 2 * j * suk
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j  # h is contiguous (B, T, n, k)
     E = tl.zeros([H, BLOCK_N], dtype=ACC)
     O = E
     if HAS_H0:
         h0_f = h0 + b * s0b + n * s0n + 2 * j * s0k
-        E = _tile(h0_f, live, E)
-        O = _tile(h0_f + s0k, live, O)
+        E = _load_rows(h0_f, live, E)
+        O = _load_rows(h0_f + s0k, live, O)
     # the loads do not depend on the state, so Triton's pipeliner can prefetch STAGES - 1 steps ahead
     for t in tl.range(0, T, num_stages=STAGES):
-        d = _tile(dec_f + t * sdt, live, E)
-        uE = _tile(u_f + t * sut, live, E)
-        uO = _tile(u_f + t * sut + suk, live, E)
+        d = _load_rows(dec_f + t * sdt, live, E)
+        uE = _load_rows(u_f + t * sut, live, E)
+        uO = _load_rows(u_f + t * sut + suk, live, E)
         E, O = _rotate(E, O, ang_f + t * sat, sal, live, L)
         E = d * E + uE
         O = d * O + uO
@@ -174,9 +176,7 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
                          HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
-    ang_f = ang + b * sab + n * san + j * saj
-    dec_f = dec + b * sdb + n * sdn
+    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     g_f = g + b * sgb + n * sgn + 2 * j * sgk
     # h, du, dh0, ddecay and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n), (B,T,n,L,k/2)
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j
@@ -190,14 +190,14 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
     MO = ME
     for s in tl.range(0, T, num_stages=STAGES):
         t = T - 1 - s
-        LE = _tile(g_f + t * sgt, live, ME) + ME
-        LO = _tile(g_f + t * sgt + sgk, live, MO) + MO
+        LE = _load_rows(g_f + t * sgt, live, ME) + ME
+        LO = _load_rows(g_f + t * sgt + sgk, live, MO) + MO
         # this step's rotated state, recomputed from h_{t-1} (h0, or zeros, at t = 0)
         prev_f = tl.where(t > 0, h_f + (t - 1) * N * 2 * H, h0_f)
         has_prev = lane < tl.where((t > 0) | HAS_H0, LANES, 0)  # bool & scalar bool gives ints in the interpreter
-        yE = _tile(prev_f, has_prev, ME)
-        yO = _tile(prev_f + tl.where(t > 0, 1, s0k), has_prev, ME)
-        d = _tile(dec_f + t * sdt, live, ME)
+        yE = _load_rows(prev_f, has_prev, ME)
+        yO = _load_rows(prev_f + tl.where(t > 0, 1, s0k), has_prev, ME)
+        d = _load_rows(dec_f + t * sdt, live, ME)
         yE, yO = _rotate(yE, yO, ang_f + t * sat, sal, live, L)
         ME, MO = _rotate_back(yE, yO, d * LE, d * LO, ang_f + t * sat, sal, dang_f + t * N * L * H, live, L)
         _store_pair(du_f + t * N * 2 * H, LE, LO, live)
@@ -205,44 +205,29 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
     _store_pair(dh0 + (b * N + n) * (2 * H) + 2 * j, ME, MO, live)
 
 
-SMEM_BUDGET = 40 * 1024  # bytes of prefetch buffers: leaves room on GPUs with ~100 KB per SM (L4)
-
-
-def _config(L, H, itemsize, backward):
-    """(BLOCK_N, STAGES, num_warps): the one place where the launch shape is chosen.
-
-    One warp of 32 lanes per program (latency, not bandwidth, bounds a sequential walk, so more
-    programs beat wider ones), and as many prefetched steps as fit the shared-memory budget.
-    """
-    block_n, warps = 32, 1
-    per_lane = (5 * H + 2 * L * H) if backward else (3 * H + L * H)  # elements loaded per step
-    stages = 1 + SMEM_BUDGET // (per_lane * block_n * max(itemsize, 4))
-    return block_n, max(1, min(stages, 4)), warps
-
-
-def _launch_fwd(angles, decay, u, h0, config=None):
+def _launch_fwd(angles, decay, u, h0):
     B, T, N, L, H = angles.shape
     h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
-    block_n, stages, warps = config or _config(L, H, u.element_size(), backward=False)
-    s0 = h0.stride() if h0 is not None else (0, 0, 0)
-    wrap_triton(_rotation_fwd_kernel)[(cdiv(B * N, block_n),)](
-        angles, decay, u, h0 if h0 is not None else h, h, B * N, N, T,
-        *angles.stride(), *decay.stride(), *u.stride(), *s0,
-        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+    lay = layout.rotation(T, L, H, u.element_size(), backward=False)
+    ints = zip(_FWD_INTS, (B * N, N, T, *angles.stride(), *decay.stride(), *u.stride(),
+                           *(h0.stride() if h0 is not None else (0, 0, 0))))
+    wrap_triton(_rotation_fwd_kernel)[(cdiv(B * N, lay.block),)](
+        ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h, h=h, **dict(ints),
+        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
     return h
 
 
-def _launch_bwd(g, angles, decay, h0, h, config=None):
+def _launch_bwd(angles, decay, h0, h, g):
     B, T, N, L, H = angles.shape
     dangles = torch.empty(angles.shape, dtype=angles.dtype, device=angles.device)
     ddecay = torch.empty(decay.shape, dtype=decay.dtype, device=decay.device)
     du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
-    block_n, stages, warps = config or _config(L, H, h.element_size(), backward=True)
-    s0 = h0.stride() if h0 is not None else (0, 0, 0)
-    wrap_triton(_rotation_bwd_kernel)[(cdiv(B * N, block_n),)](
-        g, angles, decay, h0 if h0 is not None else h, h, dangles, ddecay, du, dh0, B * N, N, T,
-        *g.stride(), *angles.stride(), *decay.stride(), *s0, dangles.stride(-1),
-        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+    lay = layout.rotation(T, L, H, h.element_size(), backward=True)
+    ints = zip(_BWD_INTS, (B * N, N, T, *g.stride(), *angles.stride(), *decay.stride(),
+                           *(h0.stride() if h0 is not None else (0, 0, 0)), dangles.stride(-1)))
+    wrap_triton(_rotation_bwd_kernel)[(cdiv(B * N, lay.block),)](
+        g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h, h=h, dang=dangles, ddec=ddecay, du=du, dh0=dh0,
+        **dict(ints), HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
     return dangles, ddecay, du, dh0
 
 
@@ -251,34 +236,18 @@ def _rotation_fwd(angles: torch.Tensor, decay: torch.Tensor, u: torch.Tensor,
     return _launch_fwd(angles, decay, u, h0)
 
 
-def _rotation_bwd(g: torch.Tensor, angles: torch.Tensor, decay: torch.Tensor, h0: Optional[torch.Tensor],
-                  h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _launch_bwd(g, angles, decay, h0, h)
+def _rotation_bwd(angles: torch.Tensor, decay: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
+                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _launch_bwd(angles, decay, h0, h, g)
 
 
-def _setup_context(ctx, inputs, output):
-    angles, decay, _, h0 = inputs
-    ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(angles, decay, h0, output)  # u is not needed: du = lam
-
-
-def _grad(ctx, backward, g):
-    angles, decay, h0, h = ctx.saved_tensors
-    dangles, ddecay, du, dh0 = backward(g, angles, decay, h0, h)
-    return dangles, ddecay, du, dh0 if ctx.has_h0 else None
-
-
-_rotation_recurrence = scan_op("rotation_recurrence", _rotation_fwd, _rotation_bwd, _setup_context, _grad)
+# u is not saved: du = lam
+_rotation_recurrence = scan_op("rotation_recurrence", _rotation_fwd, _rotation_bwd, saved=(0, 1, 3), h0=3)
 
 
 def rotation_recurrence(angles, decay, u, h0=None):
     """Entry point for the dispatch seam: the angle-fused kernel, or ScanFallback outside its envelope."""
-    k, L = u.shape[-1], angles.shape[-2]
-    require(u.dtype in KERNEL_DTYPES, f"dtype {u.dtype} is outside the kernel envelope")
-    require(k in BLOCK_KS, f"block size k = {k} is not one of {BLOCK_KS}")
-    require(1 <= L <= MAX_LAYERS, f"{L} rotation layers; the kernel is compiled for 1..{MAX_LAYERS}")
-    require(angles.shape[-1] * 2 == k, f"angles carry {angles.shape[-1]} per layer, expected k/2 = {k // 2}")
-    T, N = u.shape[1], u.shape[2]
+    T, N, k, L = u.shape[1], u.shape[2], u.shape[-1], angles.shape[-2]
     span = T * max(N * L * k, *(abs(x.stride(1)) for x in (angles, decay, u)))
-    require(span < 2 ** 31, "time offsets would overflow the kernel's 32-bit step arithmetic")
+    check_envelope(u, span=span, sizes=(("k", k, BLOCK_KS), ("layers", L, range(1, MAX_LAYERS + 1))))
     return _rotation_recurrence(angles, decay, u, h0)

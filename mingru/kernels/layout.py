@@ -1,0 +1,134 @@
+"""The one planner: how a scan's lanes and time steps are spread over programs (see the vocabulary
+in `mingru.kernels`).
+
+Every family gets a `Plan`. The block (lanes per program) is the family's own rule; the time split
+is shared: when the lane blocks alone leave the GPU short of programs, T is cut into segments,
+each at least a minimum length, until there are about PROGRAMS_PER_SM programs per SM. A split
+costs a first pass over the inputs (each segment's aggregate), so long blocks of work stay whole.
+Plans are cached per concrete shape and device; `forced_layout` overrides them for tests and
+benchmark harnesses.
+"""
+import contextlib
+import functools
+from typing import NamedTuple
+
+import torch
+
+from mingru.kernels.common import cdiv, next_pow2
+
+PROGRAMS_PER_SM = 4  # the target of a time split
+CPU_SMS = 4  # what the interpreter counts as SMs, so CPU tests take the splits a small GPU takes
+
+
+class Plan(NamedTuple):
+    block: int     # lanes per program
+    tile: int      # time steps loaded and combined together (a multiple of it starts every segment)
+    segments: int  # programs along time; more than one adds the aggregate pass
+    seg_len: int   # time steps per segment (with one segment, at least T)
+    warps: int
+    stages: int    # num_stages of the time loop
+    prefetch: bool = False  # registers hold the next tile while this one is combined
+
+
+_forced = (0, 0, 0)  # (tile, segments, block); 0 = the planner's choice
+
+
+@contextlib.contextmanager
+def forced_layout(tile=0, segments=0, block=0):
+    """Force the tile length, the number of time segments and the lanes per program (0: automatic)
+    of every diagonal and matrix plan made inside the block; rotation plans take only `block`."""
+    global _forced
+    old, _forced = _forced, (int(tile), int(segments), int(block))
+    try:
+        yield
+    finally:
+        _forced = old
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SMS
+
+
+def split_time(T, programs, sms, tile, min_len, min_segments, split_below, forced=0):
+    """(segments, seg_len) for `programs` lane blocks walking T steps.
+
+    Split only with fewer than split_below * sms programs and room for min_segments segments of
+    min_len steps; then aim at PROGRAMS_PER_SM programs per SM. seg_len is a multiple of tile.
+    """
+    segments = forced or 1
+    if not forced and programs < split_below * sms and T // min_len >= min_segments:
+        segments = min(cdiv(PROGRAMS_PER_SM * sms, programs), T // min_len)
+    seg_len = cdiv(cdiv(T, segments), tile) * tile
+    return cdiv(T, seg_len), seg_len
+
+
+# ---- diagonal: one lane per channel, a block of channels per program ------------------------
+
+# Tiles per (direction, op form): (tile, block, num_warps, num_stages, prefetch).
+DIAGONAL_TILES = {
+    ("forward", "scan"): (64, 64, 4, 3, False),
+    ("forward", "rec"): (64, 64, 4, 3, False),
+    ("forward", "log"): (32, 64, 4, 1, True),
+    ("backward", "scan"): (32, 64, 4, 3, False),
+    ("backward", "rec"): (32, 64, 4, 3, False),
+    ("backward", "log"): (32, 64, 4, 3, False),
+}
+DIAGONAL_MIN_TILES = 4  # a time segment is at least this many tiles long
+
+
+def diagonal(B, T, D, device, direction, form):
+    """Plan of a (B, T, D) diagonal scan: a tile of DIAGONAL_TILES (no longer than T, block no wider
+    than D); time split only below one program per SM."""
+    # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which do not hash
+    return _diagonal(int(B), int(T), int(D), sm_count(device), DIAGONAL_TILES[direction, form], _forced)
+
+
+@functools.lru_cache(maxsize=4096)
+def _diagonal(B, T, D, sms, tiles, forced):
+    tile, block, warps, stages, prefetch = tiles
+    tile = forced[0] or min(tile, next_pow2(T))
+    block = forced[2] or min(block, next_pow2(D))
+    segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, DIAGONAL_MIN_TILES * tile, 2, 1, forced[1])
+    return Plan(block, tile, segments, seg_len, warps, stages, prefetch)
+
+
+# ---- matrix: one lane per (b, n), a k x width state in registers ----------------------------
+
+PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
+MATRIX_TILE = 4              # steps whose loads are issued before the first product waits
+MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: keep it long
+
+
+def matrix(lanes, T, k, width, device):
+    """Plan of a walk over `lanes` states of k x `width` along T steps: the most lanes (a power of
+    two, <= 128) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
+    so T is split below PROGRAMS_PER_SM programs per SM once it holds four minimum segments."""
+    return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), _forced)
+
+
+@functools.lru_cache(maxsize=1024)
+def _matrix(lanes, T, k, width, sms, forced):
+    block = forced[2] or max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    tile = forced[0] or MATRIX_TILE
+    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, PROGRAMS_PER_SM,
+                                   forced[1])
+    return Plan(block, tile, segments, seg_len if segments > 1 else T, 4, 1)
+
+
+def _pow2_floor(n):
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+# ---- rotation: one warp of lanes per program, the whole sequence -----------------------------
+
+ROTATION_SMEM = 40 * 1024  # bytes of prefetch buffers: leaves room on GPUs with ~100 KB per SM
+
+
+def rotation(T, layers, half, itemsize, backward):
+    """One warp of 32 lanes per program walking all of T (latency, not bandwidth, bounds it, so more
+    programs beat wider ones) and as many prefetched steps (<= 4) as fit ROTATION_SMEM."""
+    per_lane = (5 * half + 2 * layers * half) if backward else (3 * half + layers * half)  # loads per step
+    block = _forced[2] or 32
+    stages = 1 + ROTATION_SMEM // (per_lane * block * max(itemsize, 4))
+    return Plan(block, 1, 1, T, 1, max(1, min(stages, 4)))
