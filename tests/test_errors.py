@@ -61,16 +61,16 @@ def test_mixer_shape_errors(mixer):
     m = mixer(6, 16)
     with pytest.raises(ValueError, match="input_size = 6"):
         m(r(2, 5, 7))
-    with pytest.raises(ValueError, match=r"\(B, hidden_size\)"):
-        m(r(2, 5, 6), r(2, 15))
+    with pytest.raises(ValueError, match=r"\(B, 1, hidden_size\)"):
+        m(r(2, 5, 6), r(2, 1, 15))
     with pytest.raises(ValueError, match=r"\(B, input_size\)"):
         m.step(r(2, 5, 6))
 
 
 def test_mixer_bad_block_sizes():
-    with pytest.raises(ValueError, match="k must be even"):
-        mingru.GivensMinGRU(4, 12, k=8)
+    with pytest.raises(ValueError, match="divisible by block_size"):
+        mingru.GivensMinGRU(4, 12, block_size=8)
     with pytest.raises(ValueError, match="hidden_size must be even"):
         mingru.RotationMinGRU(4, 7)
-    with pytest.raises(ValueError, match="h_0 must be >= 0"):
-        mingru.MinGRU(4, 8)(r(1, 3, 4), -torch.ones(1, 8))
+    with pytest.raises(ValueError, match="non-negative"):
+        mingru.MinGRU(4, 8)(r(1, 3, 4), -torch.ones(1, 1, 8))
