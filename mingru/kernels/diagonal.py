@@ -218,6 +218,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         mask = valid[:, None] & cmask[None, :]
         next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
         prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
+        first = (t == 0)[:, None]
         offs = t.to(tl.int64)[:, None] * D + cols[None, :]
         # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
         if MODE == LOG:
@@ -237,7 +238,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
 
         if not AGG_PASS:
             _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
-                         base, lv_base, offs, mask, prev_mask, (t == 0)[:, None], D, MODE, HAS_H0, F64)
+                         base, lv_base, offs, mask, prev_mask, first, D, MODE, HAS_H0, F64)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)

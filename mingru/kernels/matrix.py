@@ -121,9 +121,9 @@ def _program(A, a_sb, a_sn, BLOCK: tl.constexpr, LANES, N, seg_len, T, K: tl.con
     lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1)
     start = c * seg_len
-    b, i = (lane // N).to(tl.int64), (lane % N).to(tl.int64)
-    return ((lane < LANES)[:, None], b, i, c, start, tl.minimum(start + seg_len, T), _eye(BLOCK, K, F64),
-            _lane_ptrs(A, a_sb, a_sn, b, i, K, K))
+    live, b, i = (lane < LANES)[:, None], (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    end = tl.minimum(start + seg_len, T)
+    return live, b, i, c, start, end, _eye(BLOCK, K, F64), _lane_ptrs(A, a_sb, a_sn, b, i, K, K)
 
 
 # ---- forward: S_t = A_t S_{t-1} + X_t ------------------------------------------------------
@@ -267,41 +267,6 @@ def _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, d
 
 
 @triton.jit
-def _bwd_walk(M, LP, LH, a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st,
-              da_tile, da_st, dx_tile, dx_st, h_init, start, end, T, live, eye, K: tl.constexpr, V: tl.constexpr,
-              HAS_P: tl.constexpr, GRADS: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr,
-              F64: tl.constexpr, DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Steps end-1 down to start of the adjoint walk from (M, LP, LH), TILE steps per iteration
-    (their loads first, as in `_fwd_walk`); GRADS writes dX and dA of every step."""
-    for j0 in tl.range(0, end - start, TILE, num_stages=STAGES):
-        t0 = end - 1 - j0
-        a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
-        if TILE >= 2:
-            a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-        if TILE >= 4:
-            a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-            a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-        M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
-                              live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if TILE >= 2:
-            M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if TILE >= 4:
-            M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-            M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-    return M, LP, LH
-
-
-@triton.jit
 def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh_st, gh_sn,
                      SP, sp_sb, sp_st, sp_sn, SH, sh_sb, sh_st, sh_sn, H0, h0_sb, h0_sn,
                      DA, da_sb, da_st, da_sn, DX, dx_sb, dx_st, dx_sn, DH0, dh0_sb, dh0_sn,
@@ -348,9 +313,31 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     if HAS_H0:
         h_init = _load(_lane_ptrs(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
 
-    M, LP, LH = _bwd_walk(M, LP, LH, a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st,
-                          da_tile, da_st, dx_tile, dx_st, h_init, start, end, T, live, eye, K, V, HAS_P, GRADS,
-                          TILE, STAGES, F64, DOT_P, DOT_H, PREC)
+    for j0 in tl.range(0, end - start, TILE, num_stages=STAGES):
+        t0 = end - 1 - j0
+        a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
+        if TILE >= 2:
+            a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
+                                               K, V, HAS_P, GRADS, F64)
+        if TILE >= 4:
+            a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
+                                               K, V, HAS_P, GRADS, F64)
+            a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
+                                               K, V, HAS_P, GRADS, F64)
+        M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
+                              live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+        if TILE >= 2:
+            M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+        if TILE >= 4:
+            M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+            M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
+                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
 
     if GRADS:
         if HAS_H0:  # dh0 = A_1^T lam_1, from the program that walked t = 0

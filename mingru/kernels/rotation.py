@@ -135,8 +135,8 @@ def _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H: tl.constexpr, BLOCK_N
     (b, n), and the lane's angle and decay pointers at t = 0."""
     f = tl.arange(0, H * BLOCK_N)
     lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    j, b, n = f // BLOCK_N, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
-    return j, lane, lane < LANES, b, n, ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn
+    j, live, b, n = f // BLOCK_N, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
+    return j, lane, live, b, n, ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn
 
 
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
