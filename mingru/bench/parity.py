@@ -12,7 +12,7 @@ from mingru.bench.timing import failure, max_err, scan_impl, within
 
 NAME, SUBJECT = "scan_parity", "op"
 SKIPPED = "skipped: the kernels need a GPU or TRITON_INTERPRET=1"
-BLOCKS = (1, 2, 4, 8, 16)
+from mingru.validate import BLOCK_SIZES as BLOCKS  # noqa: E402
 
 # (outputs (atol, rtol), gradients (atol, rtol), why) per family, for float32 inputs.
 FLOAT32_GATES = {

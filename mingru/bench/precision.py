@@ -11,7 +11,7 @@ from mingru import ops, scans
 from mingru.bench import kernel_hooks
 from mingru.bench.timing import max_err, median_us, scan_impl
 
-KS = (1, 2, 4, 8, 16)
+from mingru.validate import BLOCK_SIZES as KS  # noqa: E402
 GATE = 1e-5  # the float32 output gate of the parity harness for the affine scans (absolute)
 NAME, SUBJECT = "precision", "variant"
 SHAPE, QUICK_SHAPE = (16, 256, 8), (1, 9, 2)  # B, T, n
