@@ -114,9 +114,14 @@ def verdict(ok):
     return "not judged" if ok is None else ("yes" if ok else "NO")
 
 
-def listing(items, empty="none"):
-    """'a; b; c' or `empty`: the rows a take-away names."""
-    return "; ".join(items) if items else empty
+def listing(items, empty="none", limit=None):
+    """'a; b; c' or `empty`: the rows a take-away names; past `limit` items, how many more the table holds."""
+    items = list(items)
+    if not items:
+        return empty
+    if limit is None or len(items) <= limit:
+        return "; ".join(items)
+    return "; ".join(items[:limit]) + f"; and {len(items) - limit} more (see the table)"
 
 
 def _median(xs):
@@ -196,8 +201,10 @@ def seed_summary(data, mixers=False):
     met, judged, unjudged = goal_tally(rows)
     name = lambda r: f"{r['op']} {r['dims']}" + ("" if mixers else f" {r['dtype']} {r['direction']}")  # noqa: E731
     gpu = [r["x_gpu"] for r in rows if _num(r.get("x_gpu"))]
+    short = [r for r in rows if r.get("meets_goal") is False]
     return {"rows": len(rows), "met": met, "judged": judged, "not_judged": unjudged,
-            "short": [f"{name(r)} ({r['short_of']})" for r in rows if r.get("meets_goal") is False],
+            "short": [f"{name(r)} ({r['short_of']})" for r in short],
+            "short_by": {part: sum(part in r["short_of"] for r in short) for part in ("GPU", "wall", "memory")},
             "x_gpu_range": (min(gpu), max(gpu)) if gpu else None,
             "slower_gpu": [f"{name(r)} ({r['x_gpu']:.2f}x)" for r in rows if _num(r.get("x_gpu")) and r["x_gpu"] < 1],
             "slower_wall": [f"{name(r)} ({r['x_wall']:.2f}x)" for r in rows
@@ -319,7 +326,7 @@ def peers_summary(data):
                 p[f"{clock}_judged"] += 1
                 p[f"{clock}_ours"] += r[key] > 1
                 if r[key] <= 1:
-                    p["losses" if clock == "gpu" else "wall_losses"].append(f"{label} ({1 / r[key]:.2f}x ours)")
+                    p["losses" if clock == "gpu" else "wall_losses"].append(f"{label} ({1 / r[key]:.2f}x as fast)")
         if not _num(r.get("us")):
             p["missing"].add(str(r.get("status")))
     return out
