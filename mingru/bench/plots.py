@@ -77,6 +77,10 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
     rows = _ok(data["rows"], key)
     ops = list(dict.fromkeys(r["op"] for r in rows))
     fig = Figure(figsize=(12, 3.6 * max(len(ops), 1)), layout="constrained")
+    if not ops:  # a smoke run has no GPU clock: say so rather than save a blank image
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, f"no row with {key} in this file", ha="center", va="center")
+        ax.set_axis_off()
     for i, op in enumerate(ops):
         for j, direction in enumerate(("fwd", "fwd+bwd")):
             ax = fig.add_subplot(len(ops), 2, 2 * i + j + 1)
