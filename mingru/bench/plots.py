@@ -68,7 +68,7 @@ def speedup(data):
         ax.set_xticks(range(len(groups)), [f"{op}\n{dims}" for op, dims in groups],
                       rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("speedup over eager (x, log)")
-        ax.set_title(f"{shape}: speedup over eager PyTorch, {_where(data)}")
+        ax.set_title(f"{shape}: speedup over eager PyTorch by wall clock (host included), {_where(data)}")
         _legend(ax, fontsize=8, ncol=4)
     return fig
 
@@ -77,6 +77,10 @@ def _roofline_grid(data, key, ylabel, title, copy_line):
     rows = _ok(data["rows"], key)
     ops = list(dict.fromkeys(r["op"] for r in rows))
     fig = Figure(figsize=(12, 3.6 * max(len(ops), 1)), layout="constrained")
+    if not ops:  # a smoke run has no GPU clock: say so rather than save a blank image
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, f"no row with {key} in this file", ha="center", va="center")
+        ax.set_axis_off()
     for i, op in enumerate(ops):
         for j, direction in enumerate(("fwd", "fwd+bwd")):
             ax = fig.add_subplot(len(ops), 2, 2 * i + j + 1)
@@ -114,8 +118,9 @@ def bandwidth_gpu(data):
 
 
 def time_vs_T(data):
-    """Triton time against T (log-log): a linear-time scan is a straight line of slope 1."""
-    return _roofline_grid(data, "us", "time per call (µs, log)", "Triton time vs T", False)
+    """Triton GPU time against T (log-log): a linear-time scan is a straight line of slope 1. The GPU
+    clock, because at short T a call's wall clock is the host's launch cost, flat in T."""
+    return _roofline_grid(data, "gpu_us", "GPU time per call (µs, log)", "Triton GPU time vs T", False)
 
 
 def _memory_key(rows):
@@ -186,20 +191,25 @@ def parity_worst(data):
 
 
 def peers_time(data):
-    rows = _ok(data["rows"], "us")
-    fig = Figure(figsize=(12, 8), layout="constrained")
-    shapes = list(dict.fromkeys((r["B"], r["T"], r["D"]) for r in rows))
+    """Time per call of every competitor at every shape: GPU clock (left) and wall clock (right)."""
+    fig = Figure(figsize=(15, 8), layout="constrained")
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["D"]) for r in data["rows"]))
     names = list(dict.fromkeys(r["competitor"] for r in data["rows"]))
-    for i, direction in enumerate(("fwd", "fwd+bwd")):
-        ax = fig.add_subplot(2, 1, i + 1)
-        _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["D"]): r["us"] for r in rows
-                                           if r["competitor"] == name and r["direction"] == direction}, None)
-                                   for name in names])
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=8)
-        ax.set_xlabel("shape")
-        ax.set_ylabel(f"{direction} time (µs, log)")
-        _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for j, (key, clock) in enumerate((("gpu_us", "GPU clock"), ("us", "wall clock"))):
+        rows = _ok(data["rows"], key)
+        for i, direction in enumerate(("fwd", "fwd+bwd")):
+            ax = fig.add_subplot(2, 2, 2 * i + j + 1)
+            _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["D"]): r[key] for r in rows
+                                               if r["competitor"] == name and r["direction"] == direction}, None)
+                                       for name in names])
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-D{d}" for b, t, d in shapes], fontsize=7,
+                          rotation=20, ha="right")
+            ax.set_xlabel("shape")
+            ax.set_ylabel(f"{direction} time, {clock} (µs, log)")
+            ax.set_title(f"{direction}, {clock}" + ("" if rows else " (not in this file)"), fontsize=10)
+            if i == 0 and j == 1:
+                _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"h_t = exp(g_t) h_(t-1) + x_t against peers (missing bars: see the table), {_where(data)}")
     return fig
 
@@ -231,43 +241,57 @@ def layout_sweeps(data):
 
 
 def seed_ratios(data):
-    """seed / ours by GPU clock per row (log), the goal of 2x as a line; one panel per direction."""
-    rows = [r for r in data["rows"] if isinstance(r.get("x_gpu"), (int, float)) or isinstance(r.get("x_wall"), (int, float))]
-    key = "x_gpu" if _ok(rows, "x_gpu") else "x_wall"
-    fig = Figure(figsize=(13, 7), layout="constrained")
-    for i, direction in enumerate(("fwd", "fwd+bwd")):
-        ax = fig.add_subplot(2, 1, i + 1)
-        mine = [r for r in rows if r["direction"] == direction]
+    """seed / ours per row by GPU clock and by wall clock (log), with the goals (2x GPU, 1x wall) as lines;
+    panels: the ops' fwd, the ops' fwd+bwd, the mixers' fwd+bwd (with seed / ours peak memory)."""
+    fig = Figure(figsize=(14, 11), layout="constrained")
+    panels = [("ops, fwd", lambda r: r["shape"] != "mixer" and r["direction"] == "fwd"),
+              ("ops, fwd+bwd", lambda r: r["shape"] != "mixer" and r["direction"] == "fwd+bwd"),
+              ("mixers, fwd+bwd (default constructors)", lambda r: r["shape"] == "mixer")]
+    for i, (title, pick) in enumerate(panels):
+        ax = fig.add_subplot(3, 1, i + 1)
+        mine = [r for r in data["rows"] if pick(r)]
         groups = list(dict.fromkeys((r["op"], r["dims"]) for r in mine))
-        dtypes = list(dict.fromkeys(r["dtype"] for r in mine))
-        _grouped_bars(ax, groups, [(dtype, {(r["op"], r["dims"]): r.get(key) for r in mine if r["dtype"] == dtype},
-                                    None) for dtype in dtypes])
-        ax.axhline(2, color="black", ls="--", lw=1, label="goal: 2x")
-        ax.axhline(1, color="black", lw=0.8)
+        series = []
+        for dtype in dict.fromkeys(r["dtype"] for r in mine):
+            for key, clock in (("x_gpu", "GPU clock"), ("x_wall", "wall clock")):
+                series.append((f"{dtype}, {clock}", {(r["op"], r["dims"]): r.get(key) for r in mine
+                                                     if r["dtype"] == dtype}, None))
+        if i == 2:
+            series.append(("peak memory (seed / ours)", {(r["op"], r["dims"]): report.ratio(r.get("seed_peak_mb"),
+                                                                                    r.get("ours_peak_mb"))
+                                                         for r in mine}, None))
+        _grouped_bars(ax, groups, series)
+        ax.axhline(2, color="black", ls="--", lw=1, label="goal by GPU clock: 2x")
+        ax.axhline(1, color="black", lw=0.8, label="goal by wall clock (and memory): 1x")
         ax.set_yscale("log")
         ax.set_xticks(range(len(groups)), [f"{op}\n{dims}" for op, dims in groups], rotation=30, ha="right",
                       fontsize=7)
-        ax.set_ylabel(f"seed / ours ({'GPU' if key == 'x_gpu' else 'wall'} clock, log)")
-        ax.set_title(direction, fontsize=10)
-        _legend(ax, fontsize=8)
-    fig.suptitle(f"Ours vs mingru-scans 0.2.0 (above 1: ours faster; missing bars: see the table), {_where(data)}")
+        ax.set_ylabel("seed / ours (x, log)")
+        ax.set_title(title + ("" if mine else " (not in this file)"), fontsize=10)
+        _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"Ours vs mingru-scans 0.2.0, same run (above 1: ours faster; missing bars: see the table), "
+                 f"{_where(data)}")
     return fig
 
 
 def layer_steps(data):
-    """Training-step time per competitor and shape (log), GPU clock where measured."""
+    """Training-step GPU clock, wall clock and peak memory per competitor and shape (log)."""
     rows = data["rows"]
-    key = "gpu_us" if _ok(rows, "gpu_us") else "us"
     shapes = list(dict.fromkeys((r["B"], r["T"], r["d"]) for r in rows))
     names = list(dict.fromkeys(r["competitor"] for r in rows))
-    fig = Figure(figsize=(12, 5), layout="constrained")
-    ax = fig.add_subplot()
-    _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["d"]): r.get(key) for r in rows if r["competitor"] == name},
-                                None) for name in names])
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-d{d}" for b, t, d in shapes])
-    ax.set_ylabel(f"fwd+bwd step ({'GPU' if key == 'gpu_us' else 'wall'} clock, µs, log)")
-    _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig = Figure(figsize=(13, 11), layout="constrained")
+    for i, (key, label) in enumerate((("gpu_us", "GPU clock (µs, log)"), ("us", "wall clock (µs, log)"),
+                                      ("peak_mb", "peak memory (MiB, log)"))):
+        ax = fig.add_subplot(3, 1, i + 1)
+        _grouped_bars(ax, shapes, [(name, {(r["B"], r["T"], r["d"]): r.get(key) for r in rows
+                                           if r["competitor"] == name}, None) for name in names])
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(shapes)), [f"B{b}-T{t}-d{d}" for b, t, d in shapes])
+        ax.set_xlabel("shape (batch, sequence length, width)")
+        ax.set_ylabel(f"fwd+bwd step, {label}")
+        ax.set_title(label.split(" (")[0] + ("" if _ok(rows, key) else " (not in this file)"), fontsize=10)
+        if i == 0:
+            _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"One recurrent layer's training step (missing bars: see the table), {_where(data)}")
     return fig
 
@@ -288,13 +312,41 @@ def layer_cpu_steps(data):
     return fig
 
 
+def host_share(data):
+    """Wall clock against GPU clock of every Triton call (log-log): on the diagonal the GPU is the cost;
+    far above it the host (Python, autograd, launches) is, and no kernel change moves the point down."""
+    rows = [r for r in _ok(data["rows"], "triton_gpu_us") if _ok([r], "triton_us")]
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    ax = fig.add_subplot()
+    marks = {"fwd": "o", "fwd+bwd": "s"}
+    for i, shape in enumerate(dict.fromkeys(r["shape"] for r in rows)):
+        for direction, mark in marks.items():
+            pts = [(r["triton_gpu_us"], r["triton_us"]) for r in rows if r["shape"] == shape
+                   and r["direction"] == direction]
+            if pts:
+                ax.scatter(*zip(*pts), marker=mark, color=f"C{i}", label=f"{shape} {direction}")
+    if rows:
+        lo = min(min(r["triton_gpu_us"], r["triton_us"]) for r in rows)
+        hi = max(max(r["triton_gpu_us"], r["triton_us"]) for r in rows)
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="wall = GPU (no host cost)")
+        ax.plot([lo, hi], [2 * lo, 2 * hi], color="black", ls="--", lw=0.8, label="wall = 2 x GPU")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("GPU clock per call (µs, log)")
+    ax.set_ylabel("wall clock per call (µs, log)")
+    ax.set_title("Triton calls: wall clock vs GPU clock" + ("" if rows else " (no GPU clock in this file)")
+                 + f", {_where(data)}")
+    _legend(ax, fontsize=8)
+    return fig
+
+
 FIGURES = {
     "precision": {"tf32": precision.plot},
     "scaling": {"ranks": scaling.figure},
     "seed": {"ratios": seed_ratios},
     "layer": {"steps": layer_steps},
     "layer_cpu": {"steps": layer_cpu_steps},
-    "scan_bench": {"speedup": speedup},
+    "scan_bench": {"speedup": speedup, "host": host_share},
     "roofline": {"bandwidth": bandwidth, "bandwidth_gpu": bandwidth_gpu, "time": time_vs_T},
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
