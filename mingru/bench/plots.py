@@ -316,10 +316,10 @@ def tolerance_ratio(row, part):
     err, gate = row.get(f"{part}_err"), row.get(f"{part}_gate")
     if not isinstance(err, (int, float)) or not gate:
         return None, False
+    if err == 0:
+        return 0.0, True
     atol, rtol = (float(x) for x in gate.split()[0].split("/"))
-    if atol == 0:
-        return (0.0, True) if err == 0 and rtol == 0 else (None, False)
-    return err / atol, rtol == 0
+    return (err / atol, rtol == 0) if atol > 0 else (None, False)
 
 
 def parity_summary(data):
