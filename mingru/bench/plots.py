@@ -150,43 +150,61 @@ def memory_vs_T(data):
 
 
 def memory_lab(data):
+    """Peak memory per mixer path at the lab shape: one group per path, one bar per implementation
+    (log scale, each bar labelled in MiB)."""
     rows = [r for r in data["rows"] if r.get("case") == "lab"]
     key = _memory_key(rows)
     rows = _ok(rows, key)
+    mixers = list(dict.fromkeys(r["mixer"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
     fig = Figure(figsize=(9, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    labels = [f"{r['mixer']}\n{r['impl']}" for r in rows]
-    ax.bar(range(len(rows)), [r[key] for r in rows], color=["#e6550d" if "fused" in r["mixer"] else "#3182bd"
-                                                            for r in rows])
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylabel("peak allocated (MiB)" if key == "peak_mb" else "saved for backward (MiB)")
+    colors = {"eager": "#3182bd", "triton": "#e6550d"}
+    width = 0.8 / max(len(impls), 1)
+    for j, impl in enumerate(impls):
+        values = {r["mixer"]: r[key] for r in rows if r["impl"] == impl}
+        xs = [i + (j - (len(impls) - 1) / 2) * width for i in range(len(mixers))]
+        bars = ax.bar(xs, [values.get(m, NAN) for m in mixers], width, label=f"MINGRU_SCAN={impl}",
+                      color=colors.get(impl))
+        ax.bar_label(bars, labels=[f"{values[m]:.3g}" if m in values else "" for m in mixers], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(mixers)), [m.replace("[", "\n[") for m in mixers], fontsize=9)
+    ax.set_ylabel("peak allocated (MiB, log)" if key == "peak_mb" else "saved for backward (MiB, log)")
     dims = f"B={rows[0]['B']}, T={rows[0]['T']}, d={rows[0]['d']}" if rows else ""
-    ax.set_title(f"Fused vs generic forward + backward, {dims}, {_where(data)}")
+    ax.set_title(f"Forward + backward of one mixer, {dims}, {_where(data)}", fontsize=10)
+    _legend(ax, fontsize=8)
     return fig
 
 
 def parity_worst(data):
-    """Worst output and gradient error per op and dtype (log), with the gate's atol as a tick."""
-    rows = _ok(data["rows"], "out_err")
+    """Worst error / allowed tolerance per op and dtype, outputs and gradients (log), a line at 1."""
+    rows = [r for r in data["rows"] if isinstance(r.get("out_err"), (int, float))]
     fig = Figure(figsize=(13, 7), layout="constrained")
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     ops = list(dict.fromkeys(r["op"] for r in rows))
-    for i, (key, gate, what) in enumerate((("out_err", "out_gate", "outputs"), ("grad_err", "grad_gate", "gradients"))):
+    for i, (part, what) in enumerate((("out", "outputs"), ("grad", "gradients"))):
         ax = fig.add_subplot(2, 1, i + 1)
-        worst, atol = defaultdict(dict), {}
+        worst, bound = defaultdict(dict), defaultdict(dict)
         for r in rows:
-            if isinstance(r.get(key), float):
-                worst[r["dtype"]][r["op"]] = max(worst[r["dtype"]].get(r["op"], TINY), r[key])
-                atol[r["dtype"], r["op"]] = float(r[gate].split("/")[0])
-        positions = _grouped_bars(ax, ops, [(f"{dtype} worst error", worst[dtype], None) for dtype in dtypes])
-        for j, (dtype, xs) in enumerate(zip(dtypes, positions)):
-            ax.scatter(xs, [atol.get((dtype, op), NAN) for op in ops], marker="_", s=200, color="black",
-                       label="gate atol" if j == 0 else None, zorder=3)
+            ratio, exact = tolerance_ratio(r, part)
+            if ratio is not None:
+                into = worst if exact else bound
+                into[r["dtype"]][r["op"]] = max(into[r["dtype"]].get(r["op"], TINY), ratio, TINY)
+        for j, (dtype, xs) in enumerate(zip(dtypes, _grouped_bars(
+                ax, ops, [(f"{dtype}", worst[dtype], f"C{j}") for j, dtype in enumerate(dtypes)]))):
+            if bound[dtype]:
+                ax.bar(xs, [bound[dtype].get(op) or NAN for op in ops], 0.8 / len(dtypes), fill=False,
+                       hatch="//", edgecolor=f"C{j}",
+                       label=f"{dtype}: error / atol, an upper bound (the file records no relative scale)")
+        ax.axhline(1, color="black", ls="--", lw=1, label="allowed: atol + rtol |eager| (pass at or below 1)")
         ax.set_yscale("log")
+        ax.set_ylim(bottom=1e-4)  # an exact match (ratio 0) shows as no bar
         ax.set_xticks(range(len(ops)), ops, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel(f"max |triton - eager|, {what}")
-        _legend(ax, fontsize=8)
-    fig.suptitle(f"Parity with eager, worst row per op ({len(data['rows'])} rows), {_where(data)}")
+        ax.set_ylabel(f"worst |triton - eager| / allowed\n{what} (log)")
+        _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    summary = data["meta"].get("summary", {})
+    fig.suptitle(f"Parity with eager: worst row per op, error over its tolerance "
+                 f"({summary.get('passed', '?')} of {summary.get('rows', len(data['rows']))} rows pass), {_where(data)}")
     return fig
 
 
@@ -337,6 +355,79 @@ def host_share(data):
     ax.set_title("Triton calls: wall clock vs GPU clock" + ("" if rows else " (no GPU clock in this file)")
                  + f", {_where(data)}")
     _legend(ax, fontsize=8)
+    return fig
+
+
+def tolerance_ratio(row, part):
+    """(worst error / allowed tolerance, exact) of a parity row's outputs (part 'out') or gradients
+    ('grad'): the recorded `<part>_ratio` when present (atol and rtol parts both counted); else, for
+    a gate without a relative part, error / atol, which is the same; else error / atol, an upper
+    bound, with exact False. (None, False) when the row has no error."""
+    if isinstance(row.get(f"{part}_ratio"), (int, float)):
+        return row[f"{part}_ratio"], True
+    err, gate = row.get(f"{part}_err"), row.get(f"{part}_gate")
+    if not isinstance(err, (int, float)) or not gate:
+        return None, False
+    if err == 0:
+        return 0.0, True
+    atol, rtol = (float(x) for x in gate.split()[0].split("/"))
+    return (err / atol, rtol == 0) if atol > 0 else (None, False)
+
+
+def parity_summary(data):
+    """Per op and dtype: rows, passes, worst error / tolerance (outputs, gradients; '<=' marks an
+    upper bound), and the worst distance of each path to the float64 loop."""
+    groups = defaultdict(list)
+    for r in data["rows"]:
+        if r.get("dtype"):
+            groups[(r["op"], r["dtype"])].append(r)
+
+    def worst_ratio(rs, part):
+        found = [tolerance_ratio(r, part) for r in rs]
+        found = [(v, exact) for v, exact in found if v is not None]
+        if not found:
+            return None
+        value, exact = max(found)
+        return report.fmt(value) if exact else f"<= {report.fmt(value)}"
+
+    def worst(rs, key):
+        return max((r[key] for r in _ok(rs, key)), default=None)
+    return [{"op": op, "dtype": dtype, "rows": len(rs), "passed": sum(r.get("pass") is True for r in rs),
+             "out / tol": worst_ratio(rs, "out"), "grad / tol": worst_ratio(rs, "grad"),
+             "triton_vs_f64": worst(rs, "triton_vs_f64"), "eager_vs_f64": worst(rs, "eager_vs_f64")}
+            for (op, dtype), rs in groups.items()]
+
+
+def memory_seed_rows(data):
+    """The mixer rows of seed.json as a peak-memory table: ours, the seed's, their ratio and whether
+    ours meets the goal (peak <= the seed's); None where a side has no peak (not measured, CPU)."""
+    out = []
+    for r in data["rows"]:
+        if r.get("shape") != "mixer":
+            continue
+        ours, seed = r.get("ours_peak_mb"), r.get("seed_peak_mb")
+        both = isinstance(ours, (int, float)) and isinstance(seed, (int, float))
+        out.append({"mixer": r["op"], "dims": r["dims"], "dtype": r["dtype"], "ours MiB": ours, "seed MiB": seed,
+                    "ours / seed": ours / seed if both and seed else None,
+                    "meets goal: peak <= seed": (ours <= seed) if both else None,
+                    "ours status": r.get("ours_status"), "seed status": r.get("seed_status")})
+    return out
+
+
+def memory_vs_seed(data):
+    """Peak memory of each mixer's training step, ours vs mingru-scans 0.2.0, per shape (log)."""
+    rows = memory_seed_rows(data)
+    groups = list(dict.fromkeys((r["mixer"], r["dims"]) for r in rows))
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    _grouped_bars(ax, groups, [(f"{who} peak", {(r["mixer"], r["dims"]): r[f"{who} MiB"] for r in rows}, color)
+                               for who, color in (("ours", "#e6550d"), ("seed", "#756bb1"))])
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)), [f"{m}\n{d}" for m, d in groups], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("peak allocated in fwd+bwd (MiB, log)")
+    _legend(ax, fontsize=8)
+    ax.set_title(f"Mixer training step, ours vs mingru-scans 0.2.0 (missing bars: not measured), {_where(data)}",
+                 fontsize=10)
     return fig
 
 
