@@ -124,3 +124,15 @@ def test_provenance_counts_the_commits_between(tmp_path):
 
 def test_precision_is_a_harness_with_a_figure():
     assert precision.NAME == "precision" and callable(precision.measure) and callable(precision.summarize)
+
+
+def test_tolerance_ratio_agrees_with_within():
+    """The parity figure plots error / tolerance: ratio <= 1 must be exactly the gate within() applies."""
+    from mingru.bench.timing import tolerance_ratio, within
+    torch.manual_seed(0)
+    want = (torch.randn(50), torch.randn(3, 4))
+    for scale in (1e-7, 1e-5, 1e-3, 1e-1):
+        got = tuple(w + scale * torch.randn_like(w) for w in want)
+        for normwise in (False, True):
+            ratio = tolerance_ratio(got, want, 1e-5, 1e-4, normwise)
+            assert (ratio <= 1) == within(got, want, 1e-5, 1e-4, normwise), (scale, normwise, ratio)

@@ -8,7 +8,7 @@ import torch
 
 from mingru.bench import cases, warm
 from mingru.bench.progress import Sweep
-from mingru.bench.timing import failure, max_err, scan_impl, within
+from mingru.bench.timing import failure, max_err, scan_impl, tolerance_ratio, within
 
 NAME, SUBJECT = "scan_parity", "op"
 SKIPPED = "skipped: the kernels need a GPU or TRITON_INTERPRET=1"
@@ -108,7 +108,9 @@ def check(name, dims, dtype, device):
             got, got_grads = cases.forward_backward(job, cot)
     except Exception as err:  # noqa: BLE001  (a kernel that declines or crashes becomes a row)
         return {**row, "pass": None, "status": failure(err)}
-    row.update(out_err=max_err(got, want), grad_err=max_err(got_grads, want_grads))
+    row.update(out_err=max_err(got, want), grad_err=max_err(got_grads, want_grads),
+               out_ratio=tolerance_ratio(got, want, *g["out"]),
+               grad_ratio=tolerance_ratio(got_grads, want_grads, *g["grad"], normwise=g["grad_normwise"]))
     reference = cases.naive_fn(name)
     if reference is not None:
         with torch.no_grad():
@@ -148,7 +150,7 @@ def summarize(rows, env):
                    "|triton - eager| <= atol + rtol |eager| for every output and every gradient "
                    "(inputs and module parameters); *_vs_f64: outputs against the float64 "
                    "sequential loop of mingru.naive"),
-        "columns": ["op", "dims", "dtype", "out_err", "grad_err", "triton_vs_f64", "eager_vs_f64",
+        "columns": ["op", "dims", "dtype", "out_err", "grad_err", "out_ratio", "grad_ratio", "triton_vs_f64", "eager_vs_f64",
                     "out_gate", "grad_gate", "pass", "status"],
         "compile_pool_s": WARM["seconds"],
         "notes": [f"{passed} of {len(rows)} rows pass, {failed} fail, "

@@ -100,6 +100,26 @@ def max_err(got, want):
     return math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
 
 
+def tolerance_ratio(got, want, atol, rtol, normwise=False):
+    """Largest |got - want| / (atol + rtol |want|) over paired tensors (normwise: rtol times the
+    largest |want| of each tensor), so `within` holds exactly when the ratio is <= 1. Equal entries
+    count 0; NaN, or a None paired with a non-zero tensor, counts inf."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            if not all(x is None or not bool(x.any()) for x in (g, w)):
+                return math.inf
+            continue
+        if not g.numel():
+            continue
+        g, w = g.double(), w.double()
+        diff = (g - w).abs()
+        allowed = atol + rtol * (w.abs().max() if normwise else w.abs())
+        ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)
+        worst = max(worst, torch.nan_to_num(ratio, nan=math.inf).max().item())
+    return worst
+
+
 def within(got, want, atol, rtol, normwise=False):
     """|got - want| <= atol + rtol |want| everywhere (normwise: rtol times the largest |want| of the
     tensor), NaN counting as a failure. A None gradient (autograd's "unused") equals a zero tensor."""
