@@ -179,3 +179,12 @@ def test_plan_splits_time_only_for_few_lanes():
     assert few.segments > 1 and few.seg_len < 1024 and few.seg_len % few.tile == 0
     assert (many.segments, many.seg_len, short.segments, short.seg_len) == (1, 1024, 1, 100)
     assert many.block == 128 and layout.matrix(8, 64, 16, 32, cpu).block == 1
+
+
+def test_plan_never_puts_two_lanes_in_a_program():
+    cpu = torch.device("cpu")
+    # k = 8, width 17 (matrix_affine_scan's backward at v = 1): the budget allows 2 lanes; the plan takes 1
+    assert layout.matrix(1024, 64, 8, 17, cpu).block == 1
+    assert layout.matrix(1024, 64, 8, 9, cpu).block == 4  # its forward keeps 4
+    with layout.forced_layout(block=2):
+        assert layout.matrix(1024, 64, 8, 17, cpu).block == 2  # a forced layout is obeyed

@@ -102,7 +102,7 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 
 def matrix(lanes, T, k, width, device):
     """Plan of a walk over `lanes` states of k x `width` along T steps: the most lanes (a power of
-    two, <= 128) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
+    two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
     so T is split below PROGRAMS_PER_SM programs per SM once it holds four minimum segments."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), _forced)
 
@@ -110,6 +110,8 @@ def matrix(lanes, T, k, width, device):
 @functools.lru_cache(maxsize=1024)
 def _matrix(lanes, T, k, width, sms, forced):
     block = forced[2] or max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    if block == 2 and not forced[2]:
+        block = 1  # two lanes per program ran slower than one (and than four) in both directions
     tile = forced[0] or MATRIX_TILE
     segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, PROGRAMS_PER_SM,
                                    forced[1])
