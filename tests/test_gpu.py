@@ -26,7 +26,7 @@ OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan", "
        "matrix_recurrence", "rotation_recurrence"]
 # float32 throughout; the kernels and the eager reference sum in different orders
 TOL = dict(atol=1e-4, rtol=1e-4)
-GRAD_TOL = dict(atol=1e-3, rtol=1e-3)
+GRAD_TOL = dict(atol=1e-3, rtol=1e-3)  # rtol times the gradient's largest entry (normwise)
 
 
 def _op_args():
@@ -80,7 +80,9 @@ def compile_first(mode, names):
         n_out = len(want) - len(leaves)
         for got in runs:
             for i, (g, w) in enumerate(zip(got, want)):
-                torch.testing.assert_close(g, w, **(TOL if i < n_out else GRAD_TOL), msg=lambda m: f"{name}: {m}")
+                # gradients normwise: a weight gradient sums B*T products in a different order
+                tol = TOL if i < n_out else dict(atol=GRAD_TOL["atol"] + GRAD_TOL["rtol"] * w.abs().max().item(), rtol=0)
+                torch.testing.assert_close(g, w, **tol, msg=lambda m: f"{name}: {m}")
         print(name, "ok")
 
 
