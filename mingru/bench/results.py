@@ -1,6 +1,7 @@
 """The one way notebooks read results: `load(name)` returns a result file and prints where its
 numbers come from (GPU, commit, date) and, when they come from another commit than the code
 being run, how many commits lie between."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def _git(*args):
 
 def commits_between(recorded, head=None):
     """Commits from `recorded` to `head` (default HEAD): 0 when equal, None when git cannot tell."""
-    head = head or _git("rev-parse", "HEAD")
+    # MINGRU_COMMIT names the commit a copied working tree (without its own history) was taken from
+    head = head or os.environ.get("MINGRU_COMMIT") or _git("rev-parse", "HEAD")
     if not recorded or not head:
         return None
     if head.startswith(recorded) or recorded.startswith(head):

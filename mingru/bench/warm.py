@@ -17,12 +17,13 @@ WORKERS_ENV = "MINGRU_BENCH_WORKERS"
 
 
 def default_workers(device):
-    """Half the CPU cores (at most 8) on a GPU machine; 0 (no pool) on a CPU or when MINGRU_BENCH_WORKERS says so."""
+    """One per CPU core (at most 16) on a GPU machine: compiling is single-threaded CPU work;
+    0 (no pool) on a CPU or when MINGRU_BENCH_WORKERS says so."""
     if os.environ.get(WORKERS_ENV) is not None:
         return int(os.environ[WORKERS_ENV])
     if str(device).split(":")[0] != "cuda":
         return 0
-    return max(0, min(8, (os.cpu_count() or 2) // 2))
+    return max(0, min(16, os.cpu_count() or 2))
 
 
 def _run_slice(target, cases):
