@@ -40,3 +40,23 @@ def allow_tf32_dots(allow=True):
     """Context manager: float32 tl.dot may use TF32 (allow=True) or keeps the IEEE guard."""
     from mingru.kernels.common import allow_tf32_dots as switch
     return switch(allow)
+
+
+def dot_precision():
+    """The input_precision the matrix kernels pass to a float32 tl.dot now: "ieee" unless lifted."""
+    from mingru.kernels.common import dot_precision as current
+    return current()
+
+
+def matrix_uses_dot(k, v):
+    """Whether a float32 matrix kernel at block size k and injection width v multiplies through tl.dot,
+    which needs every dimension >= 16: the transition product at k >= 16, the injection's when v >= 16 too."""
+    return k >= 16
+
+
+def kernel_source(module, name):
+    """The Python source of a function (a @triton.jit one included) of `mingru.kernels.<module>`."""
+    import importlib
+    import inspect
+    fn = getattr(importlib.import_module(f"mingru.kernels.{module}"), name)
+    return inspect.getsource(getattr(fn, "fn", fn))

@@ -340,6 +340,82 @@ def host_share(data):
     return fig
 
 
+# ---- chapter 3: the IEEE guard, judged against the gate and priced by the clock the file holds ----
+
+def guard_clock(data):
+    """The key of the precision rows' best clock: the kernels' GPU time when the file has it, else
+    the CUDA-event time of one call (host launches included)."""
+    return "gpu_us" if _ok(data["rows"], "gpu_us") else "fwd_us"
+
+
+def guard_cost_rows(data, uses_dot):
+    """One row per (k, v) timed with and without the guard: ieee / tf32 time and whether any product
+    reaches tl.dot (`uses_dot(k, v)`). Rows without tl.dot run the same instructions in both variants,
+    so the spread of their ratios is the run's timing noise, `band` = (min, max); "vs noise" places
+    each tl.dot row's ratio above, below or within it."""
+    key = guard_clock(data)
+    timed = {(r["k"], r["v"], r["variant"]): r[key] for r in _ok(data["rows"], key)}
+    rows = []
+    for k, v in dict.fromkeys((k, v) for k, v, _ in timed):
+        if (k, v, "ieee") in timed and (k, v, "tf32") in timed:
+            ieee, tf32 = timed[k, v, "ieee"], timed[k, v, "tf32"]
+            rows.append({"k": k, "v": v, "tl.dot": uses_dot(k, v), "ieee_us": ieee, "tf32_us": tf32,
+                         "ieee / tf32": ieee / tf32})
+    same = [r["ieee / tf32"] for r in rows if not r["tl.dot"]]
+    band = (min(same), max(same)) if same else None
+    for r in rows:
+        ratio = r["ieee / tf32"]
+        r["vs noise"] = (None if band is None or not r["tl.dot"] else
+                         "guard slower" if ratio > band[1] else "guard faster" if ratio < band[0] else "within")
+    return key, rows, band
+
+
+def precision_vs_gate(data):
+    """Output error / the gate per k and variant, one panel per injection width (v = 1, v = k), with
+    the line at 1 that a row must stay under."""
+    gate = data["meta"].get("gate") or precision.GATE
+    rows = _ok(data["rows"], "err_out")
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    styles = {"ieee": ("C0", "o", "Triton, IEEE guard (shipped)"), "tf32": ("C3", "s", "Triton, TF32 allowed"),
+              "eager": ("0.5", "^", "eager float32")}
+    for i, (title, pick) in enumerate((("v = 1", lambda r: r["v"] == 1), ("v = k", lambda r: r["v"] == r["k"]))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for variant, (color, marker, label) in styles.items():
+            mine = sorted((r for r in rows if r["variant"] == variant and pick(r)), key=lambda r: r["k"])
+            if mine:
+                ax.plot([r["k"] for r in mine], [max(r["err_out"], TINY) / gate for r in mine], color=color,
+                        marker=marker, label=label)
+        ax.axhline(1, color="k", ls=":", lw=1, label=f"gate ({gate:g} absolute)")
+        ax.set(xscale="log", yscale="log", xlabel="block size k", ylabel="max abs output error / gate",
+               title=f"matrix_affine_scan outputs, {title}")
+        ks = sorted({r["k"] for r in rows})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        _legend(ax, fontsize=8)
+    fig.suptitle(f"Error against float64 in units of the parity gate (below 1 passes), {_where(data)}")
+    return fig
+
+
+def guard_cost(data, uses_dot):
+    """ieee / tf32 time per (k, v) by the file's best clock, the no-tl.dot rows' spread shaded as noise."""
+    key, rows, band = guard_cost_rows(data, uses_dot)
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    labels = [f"k={r['k']}, v={r['v']}" for r in rows]
+    ax.bar(range(len(rows)), [r["ieee / tf32"] for r in rows], color=["C3" if r["tl.dot"] else "C0" for r in rows])
+    ax.bar([0], [0], color="C0", label="no tl.dot: identical code in both variants")
+    ax.bar([0], [0], color="C3", label="tl.dot: IEEE float32 vs TF32 tensor cores")
+    if band:
+        ax.axhspan(*band, color="0.85", zorder=0, label="spread of the identical-code rows (noise)")
+    ax.axhline(1, color="k", lw=0.8, label="no cost")
+    ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    clock = "GPU clock (kernels only)" if key == "gpu_us" else "CUDA-event clock (host launches included)"
+    ax.set_ylabel("forward time, guard on / off")
+    ax.set_title(f"What the IEEE guard costs, {clock}" + ("" if rows else " (not timed in this file)"), fontsize=10)
+    _legend(ax, fontsize=7)
+    fig.suptitle(f"matrix_affine_scan forward, {_where(data)}", fontsize=10)
+    return fig
+
+
 FIGURES = {
     "precision": {"tf32": precision.plot},
     "scaling": {"ranks": scaling.figure},
