@@ -416,6 +416,137 @@ def guard_cost(data, uses_dot):
     return fig
 
 
+# ---- chapter 2: the planner's maps, and a cost model of the layouts read from kernel_layout.json ----
+
+def plan_maps(plan, cards, rows, cols, row_label, col_label, what):
+    """One heat map per card of `plan(row, col, sms)` (a count, log colour scale), the value in every cell.
+    cards: {name: SM count}; the planner is a pure function of the shape and the SM count."""
+    from matplotlib.colors import LogNorm
+
+    fig = Figure(figsize=(5 * len(cards), 3.8), layout="constrained")
+    grids = {}
+    top = max(max(plan(r, c, sms) for r in rows for c in cols) for sms in cards.values())
+    for i, (card, sms) in enumerate(cards.items()):
+        ax = fig.add_subplot(1, len(cards), i + 1)
+        grid = grids[card] = [[plan(r, c, sms) for c in cols] for r in rows]
+        image = ax.imshow(grid, cmap="Blues", norm=LogNorm(1, max(top, 2)), aspect="auto")
+        for y, line in enumerate(grid):
+            for x, value in enumerate(line):
+                ax.text(x, y, value, ha="center", va="center", fontsize=7, color="k" if value < top / 4 else "w")
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set(title=f"{card} ({sms} SMs)", xlabel=col_label, ylabel=row_label if i == 0 else None)
+    fig.colorbar(image, ax=fig.axes, label=f"{what} (log colour)")
+    fig.suptitle(f"The planner's {what}: the same rule on two GPUs")
+    return fig, grids
+
+
+def _layout_kinds(rows):
+    """{layout: 'walk' | 'chunk' | 'auto'} from the length sweep: the walk has tile 1 throughout, the
+    chunk loop a longer tile and one segment throughout, the planner's choice anything else."""
+    kinds = {}
+    for name in dict.fromkeys(r["layout"] for r in rows):
+        mine = [r for r in rows if r["layout"] == name and r.get("sweep") == "length" and r.get("chunk")]
+        kinds[name] = ("walk" if mine and all(r["chunk"] == 1 for r in mine) else
+                       "chunk" if mine and all(r["segments"] == 1 for r in mine) else "auto")
+    return kinds
+
+
+def layout_slopes(data):
+    """Per layout, from the B = 1 length sweep: ns per extra step by GPU clock (inputs stay in L2
+    between the profiled calls) and by wall clock (do_bench flushes L2 before every call, so loads
+    come from HBM; the host's per-call cost is a constant the slope removes), the tile, and the tile's
+    cost in walk steps next to what a one-round-trip-per-tile model predicts (walk slope / tile)."""
+    from mingru.bench.layout import slope
+
+    rows = [r for r in data["rows"] if r.get("status") == "ok"]
+    kinds = _layout_kinds(rows)
+    out, walk = [], {}
+    for name, kind in kinds.items():
+        length = [r for r in rows if r["layout"] == name and r["sweep"] == "length"]
+        warm, cold = slope(length, "gpu_us"), slope(length, "us")
+        row = {"layout": name, "kind": kind, "tile": length[-1]["chunk"] if length else None,
+               "ns/step GPU clock (L2)": warm and warm * 1e3, "ns/step wall clock (HBM)": cold and cold * 1e3}
+        if kind == "walk":
+            walk = row
+        out.append(row)
+    for row in out:
+        w, tile, ns = walk.get("ns/step GPU clock (L2)"), row["tile"], row["ns/step GPU clock (L2)"]
+        known = bool(w and ns and tile) and row["kind"] != "auto"  # the planner's choice changes with T
+        row["tile cost / walk step"] = ns * tile / w if known else None
+        row["one-round-trip model ns/step"] = w / tile if known else None
+        row["measured / that model"] = ns / (w / tile) if known else None
+    return out
+
+
+def layout_model(data, l2_bytes=None):
+    """Each timed row against a cost model built from the length sweep and the copy bandwidth:
+
+    one program's time = steps it walks x the layout's measured cost per step (the walk's for CHUNK = 1,
+    the chunk loop's otherwise; a time split walks seg_len steps, pays half a step more for the first
+    pass and one walk step per earlier segment folded into its carry); the GPU's time is at least
+    bytes / copy bandwidth (x 1.5 with a split: the inputs are read twice). Each row gets the prediction
+    with the per-step costs of data in L2 (GPU clock) and from HBM (wall clock); `cache` picks by the
+    working set when `l2_bytes` is known, else the nearer of the two; `bound` says which term is larger."""
+    import math
+
+    costs = {r["kind"]: r for r in layout_slopes(data)}
+    bw = data["env"].get("copy_gbps")
+    rows = [r for r in data["rows"] if r.get("status") == "ok" and r.get("gpu_us")]
+    kinds = _layout_kinds(data["rows"])
+    walk, chunk = costs.get("walk", {}), costs.get("chunk", {})
+    out = []
+    for r in rows:
+        kind = kinds[r["layout"]]
+        byte_count = r["gbps"] * 1e9 * r["us"] * 1e-6  # the harness's bytes (inputs read + outputs written once)
+        split = r["segments"] > 1
+        floor = byte_count * (1.5 if split else 1) / (bw * 1e3) if bw else 0.0  # µs
+        pred = {}
+        for cache, key in (("L2", "ns/step GPU clock (L2)"), ("HBM", "ns/step wall clock (HBM)")):
+            step = (walk if r["chunk"] == 1 else chunk).get(key)
+            if step is None or walk.get(key) is None:
+                continue
+            seg_len = math.ceil(r["T"] / r["segments"])
+            program = (1.5 * seg_len * step + (r["segments"] - 1) * walk[key]) if split else r["T"] * step
+            pred[cache] = max(program * 1e-3, floor)
+            bound = "bandwidth" if floor >= program * 1e-3 else "program"
+        if not pred:
+            continue
+        measured = r["gpu_us"]
+        if l2_bytes and len(pred) == 2:
+            cache, how = ("L2" if byte_count <= l2_bytes else "HBM"), "working set vs L2"
+        else:
+            cache, how = min(pred, key=lambda c: abs(math.log(measured / pred[c]))), "nearer"
+        out.append({"sweep": r["sweep"], "layout": r["layout"], "kind": kind, "B": r["B"], "T": r["T"],
+                    "segments": r["segments"], "working set MiB": byte_count / 2**20,
+                    "predicted µs, L2": pred.get("L2"), "predicted µs, HBM": pred.get("HBM"),
+                    "measured µs (GPU clock)": measured, "cache": cache, "picked by": how,
+                    "bound": bound, "measured / predicted": measured / pred[cache]})
+    return out
+
+
+def layout_model_figure(rows):
+    """Measured against predicted GPU time per row (log-log), the diagonal and a factor-2 band."""
+    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, kind in enumerate(("walk", "chunk", "auto")):
+        mine = [r for r in rows if r["kind"] == kind]
+        for cache, marker in (("L2", "o"), ("HBM", "s")):
+            pts = [(r[f"predicted µs, {cache}"], r["measured µs (GPU clock)"]) for r in mine if r["cache"] == cache]
+            if pts:
+                ax.scatter(*zip(*pts), color=f"C{i}", marker=marker, label=f"{kind}, data in {cache}")
+    if rows:
+        values = [v for r in rows for v in (r["measured µs (GPU clock)"], r[f"predicted µs, {r['cache']}"])]
+        lo, hi = min(values) / 1.5, max(values) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="measured = predicted")
+        ax.fill_between([lo, hi], [lo / 2, hi / 2], [2 * lo, 2 * hi], color="0.9", zorder=0, label="within 2x")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="predicted GPU time (µs, log)", ylabel="measured GPU time (µs, log)",
+           title="linear_scan forward: the layout cost model against the measurement")
+    _legend(ax, fontsize=8)
+    return fig
+
+
 FIGURES = {
     "precision": {"tf32": precision.plot},
     "scaling": {"ranks": scaling.figure},
