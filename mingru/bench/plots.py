@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from mingru.bench import precision, report, scaling
+from mingru.bench import kernel_hooks, precision, report, scaling
 from mingru.bench.places import RESULTS
 from mingru.bench.results import read
 
@@ -548,7 +548,8 @@ def layout_model_figure(rows):
 
 
 FIGURES = {
-    "precision": {"tf32": precision.plot},
+    "precision": {"tf32": precision.plot, "vs_gate": precision_vs_gate,
+                  "guard_cost": lambda data: guard_cost(data, kernel_hooks.matrix_uses_dot)},
     "scaling": {"ranks": scaling.figure},
     "seed": {"ratios": seed_ratios},
     "layer": {"steps": layer_steps},
@@ -558,7 +559,7 @@ FIGURES = {
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
     "peers": {"time": peers_time},
-    "kernel_layout": {"sweeps": layout_sweeps},
+    "kernel_layout": {"sweeps": layout_sweeps, "model": lambda data: layout_model_figure(layout_model(data))},
 }
 
 
