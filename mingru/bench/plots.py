@@ -525,7 +525,7 @@ def layout_model(data, l2_bytes=None):
     return out
 
 
-def layout_model_figure(rows):
+def layout_model_figure(rows, where=""):
     """Measured against predicted GPU time per row (log-log), the diagonal and a factor-2 band."""
     fig = Figure(figsize=(7, 5.5), layout="constrained")
     ax = fig.add_subplot()
@@ -542,7 +542,7 @@ def layout_model_figure(rows):
         ax.fill_between([lo, hi], [lo / 2, hi / 2], [2 * lo, 2 * hi], color="0.9", zorder=0, label="within 2x")
         ax.set(xscale="log", yscale="log")
     ax.set(xlabel="predicted GPU time (µs, log)", ylabel="measured GPU time (µs, log)",
-           title="linear_scan forward: the layout cost model against the measurement")
+           title="linear_scan forward: the layout cost model against the measurement" + (f", {where}" if where else ""))
     _legend(ax, fontsize=8)
     return fig
 
@@ -559,7 +559,7 @@ FIGURES = {
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
     "peers": {"time": peers_time},
-    "kernel_layout": {"sweeps": layout_sweeps, "model": lambda data: layout_model_figure(layout_model(data))},
+    "kernel_layout": {"sweeps": layout_sweeps, "model": lambda data: layout_model_figure(layout_model(data), _where(data))},
 }
 
 
