@@ -40,3 +40,59 @@ def allow_tf32_dots(allow=True):
     """Context manager: float32 tl.dot may use TF32 (allow=True) or keeps the IEEE guard."""
     from mingru.kernels.common import allow_tf32_dots as switch
     return switch(allow)
+
+
+def dot_precision():
+    """The input_precision the matrix kernels pass to a float32 tl.dot now: "ieee" unless lifted."""
+    from mingru.kernels.common import dot_precision as current
+    return current()
+
+
+def matrix_uses_dot(k, v):
+    """Whether a float32 matrix kernel at block size k and injection width v multiplies through tl.dot,
+    which needs every dimension >= 16: the transition product at k >= 16, the injection's when v >= 16 too."""
+    return k >= 16
+
+
+def kernel_source(module, name):
+    """The Python source of a function (a @triton.jit one included) of `mingru.kernels.<module>`."""
+    import importlib
+    import inspect
+    fn = getattr(importlib.import_module(f"mingru.kernels.{module}"), name)
+    return inspect.getsource(getattr(fn, "fn", fn))
+
+
+def forced_plan(tile=0, segments=0, block=0):
+    """Context manager: every plan made inside uses this tile length, number of time segments and
+    lanes per program (0 leaves each to the planner; rotation plans take only `block`)."""
+    from mingru.kernels import layout
+    return layout.forced_layout(tile=tile, segments=segments, block=block)
+
+
+def matrix_plan(B, T, n, k, v, sms, direction="forward", prefix=True):
+    """The matrix planner's layout for a (B, T, n, k, k) walk on a GPU with `sms` SMs, with the width the
+    launcher gives it: v + k forward (the split's first pass carries the product), v + k in the
+    backward plus k more when the prefix products have an adjoint (`prefix`: the scans, not
+    matrix_recurrence)."""
+    from mingru.kernels import layout
+    width = v + k + (k if direction == "backward" and prefix else 0)
+    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0))
+
+
+def rotation_plan(T, layers, k, itemsize, backward=False):
+    """The rotation planner's layout for blocks of size k with `layers` Givens layers."""
+    from mingru.kernels import layout
+    return layout.rotation(T, layers, k // 2, itemsize, backward)
+
+
+def planner_rules():
+    """{name: docstring} of the planner module and of its three family rules and the shared time split,
+    and {name: value} of its module-level integer constants."""
+    import inspect
+
+    from mingru.kernels import layout
+    docs = {"layout": layout, "split_time": layout.split_time, "diagonal": layout.diagonal,
+            "matrix": layout.matrix, "rotation": layout.rotation}
+    constants = {name: value for name, value in vars(layout).items()
+                 if name.isupper() and isinstance(value, int) and not isinstance(value, bool)}
+    return {name: inspect.getdoc(obj) for name, obj in docs.items()}, constants

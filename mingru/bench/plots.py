@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from mingru.bench import precision, report, scaling
+from mingru.bench import kernel_hooks, precision, report, scaling
 from mingru.bench.places import RESULTS
 from mingru.bench.results import read
 
@@ -431,8 +431,216 @@ def memory_vs_seed(data):
     return fig
 
 
+# ---- chapter 3: the IEEE guard, judged against the gate and priced by the clock the file holds ----
+
+def guard_clock(data):
+    """The key of the precision rows' best clock: the kernels' GPU time when the file has it, else
+    the CUDA-event time of one call (host launches included)."""
+    return "gpu_us" if _ok(data["rows"], "gpu_us") else "fwd_us"
+
+
+def guard_cost_rows(data, uses_dot):
+    """One row per (k, v) timed with and without the guard: ieee / tf32 time and whether any product
+    reaches tl.dot (`uses_dot(k, v)`). Rows without tl.dot run the same instructions in both variants,
+    so the spread of their ratios is the run's timing noise, `band` = (min, max); "vs noise" places
+    each tl.dot row's ratio above, below or within it."""
+    key = guard_clock(data)
+    timed = {(r["k"], r["v"], r["variant"]): r[key] for r in _ok(data["rows"], key)}
+    rows = []
+    for k, v in dict.fromkeys((k, v) for k, v, _ in timed):
+        if (k, v, "ieee") in timed and (k, v, "tf32") in timed:
+            ieee, tf32 = timed[k, v, "ieee"], timed[k, v, "tf32"]
+            rows.append({"k": k, "v": v, "tl.dot": uses_dot(k, v), "ieee_us": ieee, "tf32_us": tf32,
+                         "ieee / tf32": ieee / tf32})
+    same = [r["ieee / tf32"] for r in rows if not r["tl.dot"]]
+    band = (min(same), max(same)) if same else None
+    for r in rows:
+        ratio = r["ieee / tf32"]
+        r["vs noise"] = (None if band is None or not r["tl.dot"] else
+                         "guard slower" if ratio > band[1] else "guard faster" if ratio < band[0] else "within")
+    return key, rows, band
+
+
+def precision_vs_gate(data):
+    """Output error / the gate per k and variant, one panel per injection width (v = 1, v = k), with
+    the line at 1 that a row must stay under."""
+    gate = data["meta"].get("gate") or precision.GATE
+    rows = _ok(data["rows"], "err_out")
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    styles = {"ieee": ("C0", "o", "Triton, IEEE guard (shipped)"), "tf32": ("C3", "s", "Triton, TF32 allowed"),
+              "eager": ("0.5", "^", "eager float32")}
+    for i, (title, pick) in enumerate((("v = 1", lambda r: r["v"] == 1), ("v = k", lambda r: r["v"] == r["k"]))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for variant, (color, marker, label) in styles.items():
+            mine = sorted((r for r in rows if r["variant"] == variant and pick(r)), key=lambda r: r["k"])
+            if mine:
+                ax.plot([r["k"] for r in mine], [max(r["err_out"], TINY) / gate for r in mine], color=color,
+                        marker=marker, label=label)
+        ax.axhline(1, color="k", ls=":", lw=1, label=f"gate ({gate:g} absolute)")
+        ax.set(xscale="log", yscale="log", xlabel="block size k", ylabel="max abs output error / gate",
+               title=f"matrix_affine_scan outputs, {title}")
+        ks = sorted({r["k"] for r in rows})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        _legend(ax, fontsize=8)
+    fig.suptitle(f"Error against float64 in units of the parity gate (below 1 passes), {_where(data)}")
+    return fig
+
+
+def guard_cost(data, uses_dot):
+    """ieee / tf32 time per (k, v) by the file's best clock, the no-tl.dot rows' spread shaded as noise."""
+    key, rows, band = guard_cost_rows(data, uses_dot)
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    labels = [f"k={r['k']}, v={r['v']}" for r in rows]
+    ax.bar(range(len(rows)), [r["ieee / tf32"] for r in rows], color=["C3" if r["tl.dot"] else "C0" for r in rows])
+    ax.bar([0], [0], color="C0", label="no tl.dot: identical code in both variants")
+    ax.bar([0], [0], color="C3", label="tl.dot: IEEE float32 vs TF32 tensor cores")
+    if band:
+        ax.axhspan(*band, color="0.85", zorder=0, label="spread of the identical-code rows (noise)")
+    ax.axhline(1, color="k", lw=0.8, label="no cost")
+    ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    clock = "GPU clock (kernels only)" if key == "gpu_us" else "CUDA-event clock (host launches included)"
+    ax.set_ylabel("forward time, guard on / off")
+    ax.set_title(f"What the IEEE guard costs, {clock}" + ("" if rows else " (not timed in this file)"), fontsize=10)
+    _legend(ax, fontsize=7)
+    fig.suptitle(f"matrix_affine_scan forward, {_where(data)}", fontsize=10)
+    return fig
+
+
+# ---- chapter 2: the planner's maps, and a cost model of the layouts read from kernel_layout.json ----
+
+def plan_maps(plan, cards, rows, cols, row_label, col_label, what):
+    """One heat map per card of `plan(row, col, sms)` (a count, log colour scale), the value in every cell.
+    cards: {name: SM count}; the planner is a pure function of the shape and the SM count."""
+    from matplotlib.colors import LogNorm
+
+    fig = Figure(figsize=(5 * len(cards), 3.8), layout="constrained")
+    grids = {}
+    top = max(max(plan(r, c, sms) for r in rows for c in cols) for sms in cards.values())
+    for i, (card, sms) in enumerate(cards.items()):
+        ax = fig.add_subplot(1, len(cards), i + 1)
+        grid = grids[card] = [[plan(r, c, sms) for c in cols] for r in rows]
+        image = ax.imshow(grid, cmap="Blues", norm=LogNorm(1, max(top, 2)), aspect="auto")
+        for y, line in enumerate(grid):
+            for x, value in enumerate(line):
+                ax.text(x, y, value, ha="center", va="center", fontsize=7, color="k" if value < top / 4 else "w")
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set(title=f"{card} ({sms} SMs)", xlabel=col_label, ylabel=row_label if i == 0 else None)
+    fig.colorbar(image, ax=fig.axes, label=f"{what} (log colour)")
+    fig.suptitle(f"The planner's {what}: the same rule on two GPUs")
+    return fig, grids
+
+
+def _layout_kinds(rows):
+    """{layout: 'walk' | 'chunk' | 'auto'} from the length sweep: the walk has tile 1 throughout, the
+    chunk loop a longer tile and one segment throughout, the planner's choice anything else."""
+    kinds = {}
+    for name in dict.fromkeys(r["layout"] for r in rows):
+        mine = [r for r in rows if r["layout"] == name and r.get("sweep") == "length" and r.get("chunk")]
+        kinds[name] = ("walk" if mine and all(r["chunk"] == 1 for r in mine) else
+                       "chunk" if mine and all(r["segments"] == 1 for r in mine) else "auto")
+    return kinds
+
+
+def layout_slopes(data):
+    """Per layout, from the B = 1 length sweep: ns per extra step by GPU clock (inputs stay in L2
+    between the profiled calls) and by wall clock (do_bench flushes L2 before every call, so loads
+    come from HBM; the host's per-call cost is a constant the slope removes), the tile, and the tile's
+    cost in walk steps next to what a one-round-trip-per-tile model predicts (walk slope / tile)."""
+    from mingru.bench.layout import slope
+
+    rows = [r for r in data["rows"] if r.get("status") == "ok"]
+    kinds = _layout_kinds(rows)
+    out, walk = [], {}
+    for name, kind in kinds.items():
+        length = [r for r in rows if r["layout"] == name and r["sweep"] == "length"]
+        warm, cold = slope(length, "gpu_us"), slope(length, "us")
+        row = {"layout": name, "kind": kind, "tile": length[-1]["chunk"] if length else None,
+               "ns/step GPU clock (L2)": warm and warm * 1e3, "ns/step wall clock (HBM)": cold and cold * 1e3}
+        if kind == "walk":
+            walk = row
+        out.append(row)
+    for row in out:
+        w, tile, ns = walk.get("ns/step GPU clock (L2)"), row["tile"], row["ns/step GPU clock (L2)"]
+        known = bool(w and ns and tile) and row["kind"] != "auto"  # the planner's choice changes with T
+        row["tile cost / walk step"] = ns * tile / w if known else None
+        row["one-round-trip model ns/step"] = w / tile if known else None
+        row["measured / that model"] = ns / (w / tile) if known else None
+    return out
+
+
+def layout_model(data, l2_bytes=None):
+    """Each timed row against a cost model built from the length sweep and the copy bandwidth:
+
+    one program's time = steps it walks x the layout's measured cost per step (the walk's for CHUNK = 1,
+    the chunk loop's otherwise; a time split walks seg_len steps, pays half a step more for the first
+    pass and one walk step per earlier segment folded into its carry); the GPU's time is at least
+    bytes / copy bandwidth (x 1.5 with a split: the inputs are read twice). Each row gets the prediction
+    with the per-step costs of data in L2 (GPU clock) and from HBM (wall clock); `cache` picks by the
+    working set when `l2_bytes` is known, else the nearer of the two; `bound` says which term is larger."""
+    import math
+
+    costs = {r["kind"]: r for r in layout_slopes(data)}
+    bw = data["env"].get("copy_gbps")
+    rows = [r for r in data["rows"] if r.get("status") == "ok" and r.get("gpu_us")]
+    kinds = _layout_kinds(data["rows"])
+    walk, chunk = costs.get("walk", {}), costs.get("chunk", {})
+    out = []
+    for r in rows:
+        kind = kinds[r["layout"]]
+        byte_count = r["gbps"] * 1e9 * r["us"] * 1e-6  # the harness's bytes (inputs read + outputs written once)
+        split = r["segments"] > 1
+        floor = byte_count * (1.5 if split else 1) / (bw * 1e3) if bw else 0.0  # µs
+        pred = {}
+        for cache, key in (("L2", "ns/step GPU clock (L2)"), ("HBM", "ns/step wall clock (HBM)")):
+            step = (walk if r["chunk"] == 1 else chunk).get(key)
+            if step is None or walk.get(key) is None:
+                continue
+            seg_len = math.ceil(r["T"] / r["segments"])
+            program = (1.5 * seg_len * step + (r["segments"] - 1) * walk[key]) if split else r["T"] * step
+            pred[cache] = max(program * 1e-3, floor)
+            bound = "bandwidth" if floor >= program * 1e-3 else "program"
+        if not pred:
+            continue
+        measured = r["gpu_us"]
+        if l2_bytes and len(pred) == 2:
+            cache, how = ("L2" if byte_count <= l2_bytes else "HBM"), "working set vs L2"
+        else:
+            cache, how = min(pred, key=lambda c: abs(math.log(measured / pred[c]))), "nearer"
+        out.append({"sweep": r["sweep"], "layout": r["layout"], "kind": kind, "B": r["B"], "T": r["T"],
+                    "segments": r["segments"], "working set MiB": byte_count / 2**20,
+                    "predicted µs, L2": pred.get("L2"), "predicted µs, HBM": pred.get("HBM"),
+                    "measured µs (GPU clock)": measured, "cache": cache, "picked by": how,
+                    "bound": bound, "measured / predicted": measured / pred[cache]})
+    return out
+
+
+def layout_model_figure(rows, where=""):
+    """Measured against predicted GPU time per row (log-log), the diagonal and a factor-2 band."""
+    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, kind in enumerate(("walk", "chunk", "auto")):
+        mine = [r for r in rows if r["kind"] == kind]
+        for cache, marker in (("L2", "o"), ("HBM", "s")):
+            pts = [(r[f"predicted µs, {cache}"], r["measured µs (GPU clock)"]) for r in mine if r["cache"] == cache]
+            if pts:
+                ax.scatter(*zip(*pts), color=f"C{i}", marker=marker, label=f"{kind}, data in {cache}")
+    if rows:
+        values = [v for r in rows for v in (r["measured µs (GPU clock)"], r[f"predicted µs, {r['cache']}"])]
+        lo, hi = min(values) / 1.5, max(values) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="measured = predicted")
+        ax.fill_between([lo, hi], [lo / 2, hi / 2], [2 * lo, 2 * hi], color="0.9", zorder=0, label="within 2x")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="predicted GPU time (µs, log)", ylabel="measured GPU time (µs, log)",
+           title="linear_scan forward: the layout cost model against the measurement" + (f", {where}" if where else ""))
+    _legend(ax, fontsize=8)
+    return fig
+
+
 FIGURES = {
-    "precision": {"tf32": precision.plot},
+    "precision": {"tf32": precision.plot, "vs_gate": precision_vs_gate,
+                  "guard_cost": lambda data: guard_cost(data, kernel_hooks.matrix_uses_dot)},
     "scaling": {"ranks": scaling.figure},
     "seed": {"ratios": seed_ratios},
     "layer": {"steps": layer_steps},
@@ -442,7 +650,7 @@ FIGURES = {
     "scan_memory": {"vs_T": memory_vs_T, "lab": memory_lab},
     "scan_parity": {"worst": parity_worst},
     "peers": {"time": peers_time},
-    "kernel_layout": {"sweeps": layout_sweeps},
+    "kernel_layout": {"sweeps": layout_sweeps, "model": lambda data: layout_model_figure(layout_model(data), _where(data))},
 }
 
 
