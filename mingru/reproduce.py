@@ -20,11 +20,13 @@ NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "results"
 
 # harness -> (chapter that shows it, time budget in seconds on an H200 from a cold cache)
+# (in the order they run: the comparisons the chapters' headlines rest on first)
 HARNESSES = {
-    "layout": ("02", 15), "precision": ("03", 10), "speed": ("04", 75), "roofline": ("04", 35),
-    "peers": ("04", 25), "seed": ("04", 40), "layer": ("04", 45), "layer_cpu": ("04", 25),
-    "memory": ("05", 20), "parity": ("06", 60), "scaling": ("08", 15),
+    "seed": ("04", 50), "speed": ("04", 70), "layer": ("04", 45), "parity": ("06", 50),
+    "memory": ("05", 20), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 10),
+    "layout": ("02", 15), "scaling": ("08", 10), "layer_cpu": ("04", 20),
 }
+NOTEBOOK_RESERVE_S = 150  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
 NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
@@ -61,6 +63,10 @@ def parse_args(argv):
     parser.add_argument("--no-measure", action="store_true",
                         help="development only: execute the notebooks from the results/ already there")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="a hard limit in seconds for the whole run (default: none): no harness starts "
+                             f"later than {NOTEBOOK_RESERVE_S} s before it (skipped harnesses are recorded and "
+                             "their result files keep their old commit), and each notebook is stopped at it")
     return parser.parse_args(argv)
 
 
@@ -88,7 +94,7 @@ def run_harness(name, smoke, results_dir, env):
     bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env)
 
 
-def run_notebook(key, smoke, out, kernel, results_dir):
+def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
     """Execute one chapter with papermill in its own process (so chapters can run side by side)."""
     import subprocess
 
@@ -105,7 +111,11 @@ def run_notebook(key, smoke, out, kernel, results_dir):
            "--no-progress-bar", "--no-log-output"]
     for key_, value in params.items():
         cmd += ["-p", key_, str(value)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"stopped at the run's deadline after {timeout:.0f} s; {target} keeps its earlier "
+                           "outputs") from None
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-12:])
         raise RuntimeError(f"papermill exited with {done.returncode}:\n{tail}\n"
@@ -156,13 +166,21 @@ def main(argv=None):
             os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels through the interpreter on CPU tensors
         env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
     for name in harnesses:
+        if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
+            print(f"== bench {name}: skipped (the run's deadline of {args.deadline:.0f} s is near); "
+                  f"results/ keeps its earlier file", flush=True)
+            record.append({"step": f"bench {name}", "seconds": 0.0, "budget_s": HARNESSES[name][1], "ok": False,
+                           "skipped": "deadline"})
+            continue
         timed(f"bench {name}", HARNESSES[name][1], lambda: run_harness(name, smoke, results_dir, env), record)
+    left = (lambda: max(30.0, args.deadline - (time.monotonic() - start))) if args.deadline else (lambda: None)
     # The notebooks only render results (MEASURE=False), so they run side by side, each in its own
     # kernel process; the harnesses before them ran alone, so nothing disturbed their timings.
     import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(keys), NOTEBOOK_WORKERS))) as pool:
         list(pool.map(lambda key: timed(f"notebook {chapters()[key]}", NOTEBOOK_BUDGET_S,
-                                        lambda: run_notebook(key, smoke, out, args.kernel, results_dir), record),
+                                        lambda: run_notebook(key, smoke, out, args.kernel, results_dir, left()),
+                                        record),
                       keys))
     total = time.monotonic() - start
     write_record(results_dir, record, total, cache, env, keys, smoke)
