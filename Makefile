@@ -5,6 +5,7 @@ VENV := .venv
 # A machine without a GPU gets the CPU build of torch and a triton/numpy pair whose interpreter works.
 CPU_PINS := torch==2.13.0 triton==3.9.0 "numpy>=2.4,<2.5"
 NB ?=
+ARGS ?=  # e.g. ARGS="--deadline 540": a hard time limit for `make reproduce`
 PYTEST := $(PYTHON) -m pytest
 NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 
@@ -40,7 +41,7 @@ bench:  ## on a GPU: regenerate every results/*.json, *.md and figure (no notebo
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m mingru.bench all
 
 reproduce:  ## on a GPU: every harness once + every notebook in place, one commit (NB=04: one chapter); CPU: smoke run
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(PYTHON) -m mingru.reproduce $(NB)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(PYTHON) -m mingru.reproduce $(NB) $(ARGS)
 
 lab:  ## open JupyterLab on notebooks/ with the project's kernel
 	$(PYTHON) -m jupyter lab notebooks
