@@ -136,3 +136,14 @@ def test_tolerance_ratio_agrees_with_within():
         for normwise in (False, True):
             ratio = tolerance_ratio(got, want, 1e-5, 1e-4, normwise)
             assert (ratio <= 1) == within(got, want, 1e-5, 1e-4, normwise), (scale, normwise, ratio)
+
+
+def test_layer_compile_pool_cases_pickle():
+    """The compile pool spawns workers: every case it hands them must pickle (a lambda builder did not)."""
+    import pickle
+
+    from mingru.bench import layer
+    entries = layer.competitors(False)
+    todo = [(name, shape) for shape in layer.SHAPES for name in entries]
+    cases_ = layer.warm_cases(entries, todo, torch.device("cuda"), 3, False)
+    assert cases_ and all(pickle.loads(pickle.dumps(c)) == c for c in cases_)

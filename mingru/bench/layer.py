@@ -59,8 +59,12 @@ def _backend(device):
     return "inductor" if device.type == "cuda" else "eager"  # inductor's C++ build is slow on a CPU
 
 
-def step_row(build, mode, compiled, B, T, d, device, reps):
-    """Check one competitor against its float64 copy, then time and weigh its training step."""
+def step_row(name, B, T, d, device, reps, quick=False):
+    """Check competitor `name` against its float64 copy, then time and weigh its training step.
+
+    It takes the competitor's name, not its builder, so that the compile pool's spawned workers
+    can receive the call (a lambda does not pickle)."""
+    build, mode, compiled = competitors(quick)[name]
     job = {**seed.module_job("layer", B, T, d, mode=mode, reps=reps), "tol": TOLERANCE}
     wrap = None
     if compiled:
@@ -80,14 +84,19 @@ def measure(device, quick, env, keep=lambda name: True):
         for (B, T, d), got in zip(shapes, theirs or [{"status": version}] * len(shapes)):
             rows.append({"competitor": "seed MinGRU (auto)", "B": B, "T": T, "d": d, **_cols(got)})
     todo = [(name, shape) for shape in shapes for name in entries]
-    compiled = [(*entries[n], *shape, device, reps) for n, shape in todo
-                if not isinstance(entries[n], str) and entries[n][2]]
-    WARM["seconds"] = warm.warm("mingru.bench.layer:step_row", compiled, warm.default_workers(device))
+    WARM["seconds"] = warm.warm("mingru.bench.layer:step_row", warm_cases(entries, todo, device, reps, quick),
+                                warm.default_workers(device))
     for name, (B, T, d) in Sweep("layer", todo, lambda c: f"{c[0]} B{c[1][0]}-T{c[1][1]}-d{c[1][2]}"):
         entry = entries[name]
-        got = {"status": entry} if isinstance(entry, str) else step_row(*entry, B, T, d, device, reps)
+        got = {"status": entry} if isinstance(entry, str) else step_row(name, B, T, d, device, reps, quick)
         rows.append({"competitor": name, "B": B, "T": T, "d": d, **_cols(got)})
     return rows
+
+
+def warm_cases(entries, todo, device, reps, quick):
+    """step_row's arguments for every compiled competitor: plain values, so they pickle."""
+    return [(name, *shape, device, reps, quick) for name, shape in todo
+            if not isinstance(entries[name], str) and entries[name][2]]
 
 
 def _cols(got):
