@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mingru.validate import data_checkable
+
 DECAY_MODES = (None, "fixed", "learnable")
 # Constructor keywords that configure decay; MinGRUStack(decay_layers="last") strips them.
 DECAY_KWARGS = ("decay", "decay_rate", "log1p_delta")
@@ -62,7 +64,7 @@ def normalize_delta_t(delta_t, lead, log1p_delta=False):
     if not delta_t.is_floating_point():
         delta_t = delta_t.to(torch.get_default_dtype())
     bad = False
-    if delta_t.device.type == "cpu" and not torch.compiler.is_compiling():
+    if data_checkable(delta_t):
         bad = bool(((delta_t < 0) | ~delta_t.isfinite()).any())
     dt = delta_t.nan_to_num(nan=0.0, posinf=POSINF_CAP, neginf=0.0).clamp(min=0)
     return (torch.log1p(dt) if log1p_delta else dt), bad

@@ -23,6 +23,7 @@ from torch import nn
 
 from mingru import scans
 from mingru.decay import DecayMixin
+from mingru.validate import data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
 # blur the decay of its neighbours; exp(-88) is already 0 in float32, so clamping there changes
@@ -250,8 +251,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         """log gamma per head, (*lead, n_heads); float32 and below are clamped at LOG_GAMMA_FLOOR."""
         log_gamma = self._decay_log_gamma(dt).expand(*lead, self.n_heads)
         if log_gamma.dtype != torch.float64:
-            if (not self._warned_saturation and log_gamma.device.type == "cpu"
-                    and not torch.compiler.is_compiling()
+            if (not self._warned_saturation and data_checkable(log_gamma)
                     and bool((log_gamma < -SATURATION_WARN).any())):
                 self._warned_saturation = True
                 warnings.warn(f"lambda * delta_t exceeds {SATURATION_WARN:g}: those tokens erase the "

@@ -14,6 +14,7 @@ from torch import nn
 
 from mingru import ops, scans
 from mingru.decay import DecayMixin
+from mingru.validate import data_checkable
 
 
 def g(x):
@@ -125,7 +126,7 @@ class MinGRU(_Mixer):
 
 def _check_nonnegative(h_0):
     """MinGRU's states are positive: a negative h_0 is a pre-activation passed by mistake."""
-    if h_0.device.type == "cpu" and not torch.compiler.is_compiling():
+    if data_checkable(h_0):
         if (h_0 < 0).any():
             raise ValueError("MinGRU: h_0 must be a non-negative state (an output of forward or "
                              "step), got negative entries")

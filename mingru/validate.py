@@ -5,6 +5,12 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # every 
 BLOCK_SIZES = (1, 2, 4, 8, 16)  # the k and v the matrix kernels are compiled for (others run eager)
 
 
+def data_checkable(x):
+    """Whether a check may read x's values: on a CPU, outside torch.compile (elsewhere reading them
+    costs a device sync or a graph break, so such checks are skipped or made on the device)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_tensors(op, **tensors):
     """Every named tensor: a torch.Tensor of a floating dtype; all on one device, one dtype."""
     first = None
