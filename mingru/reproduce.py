@@ -7,11 +7,12 @@ Without a GPU (or with --smoke) the harnesses run in their --quick CPU form into
 and the notebooks execute there with SMOKE=True, rendering the committed results.
 """
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -96,8 +97,6 @@ def run_harness(name, smoke, results_dir, env):
 
 def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
     """Execute one chapter with papermill in its own process (so chapters can run side by side)."""
-    import subprocess
-
     name = chapters()[key]
     source = NOTEBOOKS / f"{name}.ipynb"
     params = {"SMOKE": smoke, "MEASURE": False}
@@ -176,7 +175,6 @@ def main(argv=None):
     left = (lambda: max(30.0, args.deadline - (time.monotonic() - start))) if args.deadline else (lambda: None)
     # The notebooks only render results (MEASURE=False), so they run side by side, each in its own
     # kernel process; the harnesses before them ran alone, so nothing disturbed their timings.
-    import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(keys), NOTEBOOK_WORKERS))) as pool:
         list(pool.map(lambda key: timed(f"notebook {chapters()[key]}", NOTEBOOK_BUDGET_S,
                                         lambda: run_notebook(key, smoke, out, args.kernel, results_dir, left()),
