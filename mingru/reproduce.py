@@ -1,7 +1,8 @@
 """`make reproduce [NB=04]`: regenerate results/ and re-execute the notebooks from them, in one run.
 
-On a GPU every harness runs once (each with a time budget, a progress bar and its wall time),
-writing results/; then every notebook is executed in place with papermill, so results/, env.json,
+On a GPU the kernels of every harness are compiled first, in one pool of worker processes, with
+nothing measured meanwhile; then every harness runs once (each with a time budget, a progress bar
+and its wall time), writing results/; then every notebook is executed in place with papermill, so results/, env.json,
 results/reproduce.json (this run's step times) and the notebooks all name one commit and one GPU.
 Without a GPU (or with --smoke) the harnesses run in their --quick CPU form into a scratch folder
 and the notebooks execute there with SMOKE=True, rendering the committed results.
@@ -23,10 +24,11 @@ RESULTS = ROOT / "results"
 # harness -> (chapter that shows it, time budget in seconds on an H200 from a cold cache)
 # (in the order they run: the comparisons the chapters' headlines rest on first)
 HARNESSES = {
-    "seed": ("04", 50), "speed": ("04", 70), "layer": ("04", 45), "parity": ("06", 50),
-    "memory": ("05", 20), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 10),
+    "seed": ("04", 60), "speed": ("04", 40), "layer": ("04", 60), "parity": ("06", 30),
+    "memory": ("05", 20), "peers": ("04", 40), "roofline": ("04", 25), "precision": ("03", 10),
     "layout": ("02", 15), "scaling": ("08", 10), "layer_cpu": ("04", 20),
 }
+COMPILE_BUDGET_S = 70  # the run-wide compile pool (GPU runs only)
 NOTEBOOK_RESERVE_S = 150  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
@@ -82,9 +84,10 @@ def triton_cache_state():
     return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
 
 
-def plan(harnesses, notebooks):
+def plan(harnesses, notebooks, compile_first=False):
     """The steps of this run with their budgets, printed before anything starts."""
-    steps = [(f"bench {name}", HARNESSES[name][1]) for name in harnesses]
+    steps = [("compile ahead", COMPILE_BUDGET_S)] if compile_first and harnesses else []
+    steps += [(f"bench {name}", HARNESSES[name][1]) for name in harnesses]
     steps += [(f"notebook {name}", NOTEBOOK_BUDGET_S) for name in notebooks]
     return steps
 
@@ -145,7 +148,7 @@ def main(argv=None):
     harnesses = [] if args.no_measure else [h for h, (ch, _) in HARNESSES.items() if ch in keys]
     out = args.out.resolve()
     results_dir = out / "results" if smoke else RESULTS
-    steps = plan(harnesses, [chapters()[k] for k in keys])
+    steps = plan(harnesses, [chapters()[k] for k in keys], compile_first=not smoke)
     cache = triton_cache_state()
     print(f"reproduce: {len(steps)} steps, budget {sum(b for _, b in steps)} s in all (H200, cold cache); "
           f"Triton cache {cache}")
@@ -164,6 +167,10 @@ def main(argv=None):
         if smoke:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels through the interpreter on CPU tensors
         env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
+        if not smoke:
+            from mingru import bench
+            timed("compile ahead", COMPILE_BUDGET_S, lambda: print(
+                f"   {bench.compile_ahead(harnesses, env=env):.0f} s in the pool", flush=True), record)
     for name in harnesses:
         if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
             print(f"== bench {name}: skipped (the run's deadline of {args.deadline:.0f} s is near); "

@@ -67,7 +67,7 @@ def test_compile_pool_runs_every_case_in_worker_processes(tmp_path):
 def test_default_workers_follow_the_device_and_the_environment(monkeypatch):
     monkeypatch.delenv(warm.WORKERS_ENV, raising=False)
     assert warm.default_workers("cpu") == 0
-    assert 0 <= warm.default_workers("cuda") <= 8
+    assert 0 <= warm.default_workers("cuda") <= 16
     monkeypatch.setenv(warm.WORKERS_ENV, "3")
     assert warm.default_workers("cuda") == 3
 
@@ -138,12 +138,56 @@ def test_tolerance_ratio_agrees_with_within():
             assert (ratio <= 1) == within(got, want, 1e-5, 1e-4, normwise), (scale, normwise, ratio)
 
 
-def test_layer_compile_pool_cases_pickle():
-    """The compile pool spawns workers: every case it hands them must pickle (a lambda builder did not)."""
+@pytest.mark.parametrize("name", ["speed", "parity", "layer", "peers", "precision", "seed"])
+def test_compile_plans_name_an_importable_target_and_pickle(name):
+    """The compile pool spawns workers: each harness's plan names a function its workers can import,
+    and every case it hands them must pickle (a lambda builder did not)."""
+    import importlib
     import pickle
 
-    from mingru.bench import layer
-    entries = layer.competitors(False)
-    todo = [(name, shape) for shape in layer.SHAPES for name in entries]
-    cases_ = layer.warm_cases(entries, todo, torch.device("cuda"), 3, False)
-    assert cases_ and all(pickle.loads(pickle.dumps(c)) == c for c in cases_)
+    module = importlib.import_module(f"mingru.bench.{name}")
+    env = {"triton_interpret": False, "smoke": False, "device": "cuda"}
+    target, cases_ = module.compile_plan(torch.device("cuda"), False, env)
+    mod, _, fn = target.partition(":")
+    assert callable(getattr(importlib.import_module(mod), fn))
+    assert cases_ or name == "peers"  # peers: none without their unpacked libraries
+    assert all(pickle.loads(pickle.dumps(c)) == c for c in cases_)
+
+
+def test_one_pool_for_several_harnesses_marks_their_targets_done(tmp_path):
+    plans = [("os:mkdir", [(str(tmp_path / "a"),), (str(tmp_path / "b"),)]),
+             ("os:makedirs", [(str(tmp_path / "c" / "d"),)])]
+    try:
+        assert warm.warm_all(plans, 1) == 0.0 and not warm.DONE
+        assert warm.warm_all(plans, 2) > 0
+        assert all((tmp_path / p).is_dir() for p in ("a", "b", "c/d"))
+        assert warm.DONE == {"os:mkdir", "os:makedirs"}
+        # a harness's own pool is then skipped
+        assert warm.warm("os:mkdir", [(str(tmp_path / "e"),), (str(tmp_path / "f"),)], 2) == 0.0
+        assert not (tmp_path / "e").exists()
+    finally:
+        warm.DONE.clear()
+
+
+def test_compile_ahead_runs_the_harnesses_plans_in_one_pool(monkeypatch):
+    """compile_ahead on the CPU smoke path: precision's cases run in two workers (through the
+    interpreter), the CPU-only harness contributes nothing, and the target is then marked done."""
+    from mingru import bench
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    env = {"triton_interpret": True, "smoke": True, "device": "cpu"}
+    try:
+        assert bench.compile_ahead(["precision", "layer_cpu"], quick=True, env=env, workers=0) == 0.0
+        assert bench.compile_ahead(["precision", "layer_cpu"], quick=True, env=env, workers=2) > 0
+        assert warm.DONE == {"mingru.bench.precision:errors"}
+    finally:
+        warm.DONE.clear()
+
+
+def test_parity_mixer_rows_gate_outputs_normwise_and_measure_both_paths_against_float64():
+    from mingru.bench import parity
+    assert parity.gate("GivensMinGRU[fused]", torch.float32)["out_normwise"]
+    assert not parity.gate("linear_scan", torch.float32)["out_normwise"]
+    row = parity.check("GivensMinGRU[fused]", dict(B=1, T=3, d=4, k=2, L=1), torch.float32, torch.device("cpu"))
+    assert row["status"] == "ok" and row["pass"] is True, row
+    assert row["out_gate"].endswith("normwise")
+    assert 0 < row["eager_vs_f64"] < 1e-5 and 0 < row["triton_vs_f64"] < 1e-5

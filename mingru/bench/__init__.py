@@ -89,6 +89,42 @@ def run(which, quick=False, out=None, only=None, budgets=None, env=None):
     return paths
 
 
+def compile_ahead(names, quick=False, env=None, workers=None):
+    """Compile every kernel the harnesses `names` will launch, in one pool, before any of them
+    measures; return the seconds spent. Nothing is measured meanwhile, so the pool's load on the
+    CPU and GPU touches no recorded number.
+
+    Harnesses that define compile_plan() contribute (target, cases); those that hand jobs to the
+    seed's process (seed_jobs()) get one run of that process alongside the pool, which compiles
+    the seed's kernels into the shared Triton cache. Each harness later skips its own pool.
+    """
+    import threading
+
+    import torch
+
+    from mingru.bench import env as environment
+    from mingru.bench import seed, warm
+
+    device = torch.device("cpu" if quick else "cuda")
+    env = env or environment.environment(device, smoke=quick)
+    workers = warm.default_workers(device) if workers is None else workers
+    if workers < 2:
+        return 0.0
+    # torch.compile'd layers take the longest per case: dealt first, they start on separate workers
+    order = sorted(names, key=lambda name: name != "layer")
+    modules = [_module(name) for name in order if name not in CPU_HARNESSES]
+    plans = [m.compile_plan(device, quick, env) for m in modules if hasattr(m, "compile_plan")]
+    jobs = [job for m in modules if hasattr(m, "seed_jobs") for job in m.seed_jobs(device, quick)]
+    start = time.monotonic()
+    seed_run = threading.Thread(target=seed.run_seed, args=(jobs, device), daemon=True) if jobs else None
+    if seed_run:
+        seed_run.start()
+    warm.warm_all(plans, workers)
+    if seed_run:
+        seed_run.join()
+    return time.monotonic() - start
+
+
 def _merge(path, subject, rows, keep, env):
     """--only (development) replaces the named subjects' rows of an existing result file from the same GPU."""
     from mingru.bench import report

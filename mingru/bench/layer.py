@@ -73,19 +73,31 @@ def step_row(name, B, T, d, device, reps, quick=False):
     return seed_runner.run_module(None, timing, job, device, lambda j: build(d), wrap)
 
 
+def compile_plan(device, quick, env, keep=lambda name: True):
+    """(target, cases) that the compile pool runs once before the sweep: the compiled competitors."""
+    entries = {k: v for k, v in competitors(quick).items() if keep(k)}
+    todo = [(name, shape) for shape in (QUICK_SHAPES if quick else SHAPES) for name in entries]
+    return "mingru.bench.layer:step_row", warm_cases(entries, todo, device, 1 if quick else 3, quick)
+
+
+def seed_jobs(device, quick, keep=lambda name: True):
+    """The jobs this harness hands the seed's process: its MinGRU at every shape."""
+    reps = 1 if quick else 3
+    return [seed.module_job("MinGRU", B, T, d, reps=reps) for B, T, d in (QUICK_SHAPES if quick else SHAPES)
+            if keep("seed MinGRU (auto)")]
+
+
 def measure(device, quick, env, keep=lambda name: True):
     reps = 1 if quick else 3
     shapes = QUICK_SHAPES if quick else SHAPES
     entries = {k: v for k, v in competitors(quick).items() if keep(k)}
     rows = []
     if keep("seed MinGRU (auto)"):
-        theirs, version = seed.run_seed([seed.module_job("MinGRU", B, T, d, reps=reps) for B, T, d in shapes],
-                                        device)
+        theirs, version = seed.run_seed(seed_jobs(device, quick), device)
         for (B, T, d), got in zip(shapes, theirs or [{"status": version}] * len(shapes)):
             rows.append({"competitor": "seed MinGRU (auto)", "B": B, "T": T, "d": d, **_cols(got)})
     todo = [(name, shape) for shape in shapes for name in entries]
-    WARM["seconds"] = warm.warm("mingru.bench.layer:step_row", warm_cases(entries, todo, device, reps, quick),
-                                warm.default_workers(device))
+    WARM["seconds"] = warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
     for name, (B, T, d) in Sweep("layer", todo, lambda c: f"{c[0]} B{c[1][0]}-T{c[1][1]}-d{c[1][2]}"):
         entry = entries[name]
         got = {"status": entry} if isinstance(entry, str) else step_row(name, B, T, d, device, reps, quick)

@@ -113,6 +113,21 @@ def race(name, entry, B, T, D, device, quick, runnable):
     return out
 
 
+def warm_race(name, B, T, D, device, quick):
+    """race() of one competitor by name (what the compile pool's workers receive: names pickle)."""
+    race(name, competitors()[name], B, T, D, device, quick, True)
+
+
+def compile_plan(device, quick, env, keep=lambda name: True):
+    """(target, cases) that the compile pool runs once before the sweep: every peer's kernels
+    (fla autotunes its block sizes on first use)."""
+    if not cases.kernels_run(device, env):
+        return "mingru.bench.peers:warm_race", []
+    names = [k for k, v in competitors().items() if keep(k) and v[0] is not None]
+    return "mingru.bench.peers:warm_race", [(n, *s, device, quick) for s in (QUICK_SHAPES if quick else SHAPES)
+                                            for n in names]
+
+
 def measure(device, quick, env, keep=lambda name: True):
     entries = {k: v for k, v in competitors().items() if keep(k)}
     runnable = cases.kernels_run(device, env)

@@ -71,6 +71,12 @@ def errors(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True, keep=lambda nam
     return rows
 
 
+def compile_plan(device, quick, env, keep=lambda name: True):
+    """(target, cases) that the compile pool runs once before the sweep: each k's IEEE and TF32 variants."""
+    B, T, n = QUICK_SHAPE if quick else SHAPE
+    return "mingru.bench.precision:errors", [((k,), B, T, n, device, False) for k in (QUICK_KS if quick else KS)]
+
+
 def measure(device, quick, env, keep=lambda name: True):
     B, T, n = QUICK_SHAPE if quick else SHAPE
     return errors(QUICK_KS if quick else KS, B=B, T=T, n=n, device=device, time_it=torch.device(device).type == "cuda", keep=keep)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import mingru
-from mingru.bench import cases, places, progress, seed_runner, timing
+from mingru.bench import cases, places, progress, seed_runner, timing, warm
 from mingru.bench.progress import Sweep
 
 NAME, SUBJECT = "seed", "op"
@@ -128,14 +128,41 @@ def compare(row, mine, theirs, memory=False):
     return row
 
 
+def _todo(quick, keep):
+    return [c for c in op_cases(quick) if keep(c[0])], [c for c in mixer_cases(quick) if keep(c[0])]
+
+
+def _jobs(todo, mixers, device, reps):
+    jobs = [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
+    return jobs + [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+
+
+def warm_ours(kind, case, device):
+    """Our side of one case, once (what the compile pool's workers run; plain arguments pickle)."""
+    job = (op_job(*case, device, 1) if kind == "op" else module_job(*case, reps=1, memory=False))
+    ours(job, device)
+
+
+def compile_plan(device, quick, env, keep=lambda name: True):
+    """(target, cases) that the compile pool runs once before the sweep: our side of every case."""
+    todo, mixers = _todo(quick, keep)
+    return "mingru.bench.seed:warm_ours", ([("op", (op, dims, dtype, direction), device)
+                                            for op, dims, _, dtype, direction in todo]
+                                           + [("module", m, device) for m in mixers])
+
+
+def seed_jobs(device, quick, keep=lambda name: True):
+    """The jobs this harness hands the seed's process (run once ahead to compile the seed's kernels)."""
+    return _jobs(*_todo(quick, keep), device, 1)
+
+
 def measure(device, quick, env, keep=lambda name: True):
     reps = 1 if quick else 3
-    todo = [c for c in op_cases(quick) if keep(c[0])]
-    mixers = [c for c in mixer_cases(quick) if keep(c[0])]
-    jobs = [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
-    jobs += [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    todo, mixers = _todo(quick, keep)
+    warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
+    jobs = _jobs(todo, mixers, device, reps)
     budget = progress.BUDGETS.get(NAME)
-    theirs, version = run_seed(jobs, device, 2 * budget if budget else RUNNER_TIMEOUT_S)
+    theirs, version = run_seed(jobs, device, 3 * budget if budget else RUNNER_TIMEOUT_S)
     VERSION["seed"] = version if theirs is not None else None
     if theirs is None:
         theirs = [{"status": version}] * len(jobs)

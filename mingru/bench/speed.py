@@ -107,17 +107,24 @@ def compile_backend(device):
     return "inductor" if torch.device(device).type == "cuda" else "eager"
 
 
-def measure(device, quick, env, keep=lambda name: True):
+def _todo(quick, keep):
     shapes, width, k, layers = (QUICK_SHAPES, QUICK_WIDTH, 4, 2) if quick else (SHAPES, WIDTH, 8, 3)
-    todo = [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
+    return [(name, {"B": B, "T": T, **dims}, shape) for shape, (B, T) in shapes.items()
             for name, dims in subjects(width, k, layers)
             if keep(name) and (not quick or name in QUICK_SUBJECTS)]
+
+
+def compile_plan(device, quick, env, keep=lambda name: True):
+    """(target, cases) that the compile pool runs once before the sweep: every subject."""
     backend = compile_backend(device)
-    WARM["seconds"] = warm.warm("mingru.bench.speed:measure_subject",
-                                [(n, d, s, device, quick, env, backend) for n, d, s in todo],
-                                warm.default_workers(device))
+    return "mingru.bench.speed:measure_subject", [(n, d, s, device, quick, env, backend) for n, d, s in _todo(quick, keep)]
+
+
+def measure(device, quick, env, keep=lambda name: True):
+    WARM["seconds"] = warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
+    backend = compile_backend(device)
     rows = []
-    for name, dims, shape in Sweep("speed", todo, lambda c: f"{c[0]} {cases.label(c[1])}"):
+    for name, dims, shape in Sweep("speed", _todo(quick, keep), lambda c: f"{c[0]} {cases.label(c[1])}"):
         rows += measure_subject(name, dims, shape, device, quick, env, backend)
     return rows
 

@@ -6,6 +6,10 @@ sweep over block sizes and dtypes spends most of a cold run compiling. Workers (
 one CUDA context each) compile disjoint slices of the cases at once; the main process then loads
 the compiled kernels from the cache. Results of the workers are discarded: only the main process's
 measurements are recorded.
+
+A harness warms its own cases when it starts (`warm`); a full run instead compiles every harness's
+cases in one pool before anything is measured (`warm_all`), so that the pool waits for its slowest
+case once instead of once per harness, and the harnesses then skip their own pools.
 """
 import concurrent.futures
 import importlib
@@ -14,6 +18,7 @@ import os
 import time
 
 WORKERS_ENV = "MINGRU_BENCH_WORKERS"
+DONE = set()  # targets whose cases a run-wide pool (warm_all) already compiled in this process
 
 
 def default_workers(device):
@@ -26,28 +31,52 @@ def default_workers(device):
     return max(0, min(16, os.cpu_count() or 2))
 
 
-def _run_slice(target, cases):
-    module, _, name = target.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    for case in cases:
+def _run_slice(calls):
+    for target, case in calls:
+        module, _, name = target.partition(":")
         try:
-            fn(*case)
+            getattr(importlib.import_module(module), name)(*case)
         except Exception:  # noqa: BLE001  (the main process measures the case again and reports it)
             pass
-    return len(cases)
+    return len(calls)
+
+
+def _pool(calls, workers):
+    """Run (target, case) calls across `workers` spawned processes, dealt round-robin so that each
+    worker gets a mix of variants; return the seconds spent."""
+    start = time.monotonic()
+    slices = [calls[i::workers] for i in range(min(workers, len(calls)))]
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    # torch.compile inside a worker compiles in that worker alone, not in a pool of its own per worker
+    old = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    try:
+        with concurrent.futures.ProcessPoolExecutor(len(slices), mp_context=context) as pool:
+            list(pool.map(_run_slice, slices))
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS")
+        else:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = old
+    return time.monotonic() - start
 
 
 def warm(target, cases, workers):
-    """Run `target` ('module:function') on every case across `workers` processes; return the seconds spent.
-
-    Cases are dealt round-robin so that each worker gets a mix of variants. With workers < 2 nothing runs.
-    """
+    """Run `target` ('module:function') on every case across `workers` processes; return the seconds
+    spent (0 when a run-wide pool compiled this target already, or with workers < 2: nothing runs)."""
     cases = list(cases)
-    if workers < 2 or len(cases) < 2:
+    if target in DONE or workers < 2 or len(cases) < 2:
         return 0.0
-    start = time.monotonic()
-    slices = [cases[i::workers] for i in range(workers)]
-    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-    with concurrent.futures.ProcessPoolExecutor(len(slices), mp_context=context) as pool:
-        list(pool.map(_run_slice, [target] * len(slices), slices))
-    return time.monotonic() - start
+    return _pool([(target, case) for case in cases], workers)
+
+
+def warm_all(plans, workers):
+    """One pool for several harnesses: `plans` is a list of (target, cases); every call of every
+    target runs once across `workers` processes, and each target is marked done so that the
+    harnesses' own `warm` calls return at once. Returns the seconds spent."""
+    calls = [(target, case) for target, cases in plans for case in cases]
+    if workers < 2 or not calls:
+        return 0.0
+    seconds = _pool(calls, workers)
+    DONE.update(target for target, _ in plans)
+    return seconds
