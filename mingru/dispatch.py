@@ -8,6 +8,7 @@ MINGRU_SCAN=triton the Triton kernel or a RuntimeError naming the reason, never 
 
 Triton is imported only when a kernel is first needed, so `import mingru` stays light.
 """
+import contextlib
 import importlib
 import os
 import sys
@@ -47,6 +48,22 @@ def scan_mode():
     if mode not in MODES:
         raise ValueError(f"MINGRU_SCAN={mode!r}: expected one of {', '.join(MODES)}")
     return mode
+
+
+@contextlib.contextmanager
+def using(mode):
+    """Run the enclosed calls with MINGRU_SCAN=mode (one of MODES), restoring the old value after."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    old = os.environ.get("MINGRU_SCAN")
+    os.environ["MINGRU_SCAN"] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MINGRU_SCAN", None)
+        else:
+            os.environ["MINGRU_SCAN"] = old
 
 
 def interpreting():

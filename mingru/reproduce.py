@@ -109,12 +109,13 @@ def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
         params["RESULTS_DIR"] = str(RESULTS)
     else:
         target = source
-    cmd = [sys.executable, "-m", "papermill", str(source), str(target), "-k", kernel, "--cwd", str(NOTEBOOKS),
-           "--no-progress-bar", "--no-log-output"]
+    # paths relative to the repository: papermill records them in the notebook's metadata
+    cmd = [sys.executable, "-m", "papermill", os.path.relpath(source, ROOT), os.path.relpath(target, ROOT),
+           "-k", kernel, "--cwd", "notebooks", "--no-progress-bar", "--no-log-output"]
     for key_, value in params.items():
         cmd += ["-p", key_, str(value)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"stopped at the run's deadline after {timeout:.0f} s; {target} keeps its earlier "
                            "outputs") from None

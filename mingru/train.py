@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mingru import dispatch
 from mingru.blocks import MinGRUStack
-from mingru.bench.timing import scan_impl
 
 NOISE, MARKER, IGNORE = 0, 1, -100
 
@@ -148,7 +148,7 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     run, t0, losses = TrainRun(), None, []
     cast = (torch.autocast(device.type, dtype=autocast) if autocast is not None
             else contextlib.nullcontext())
-    with scan_impl(scan) if scan else contextlib.nullcontext():
+    with dispatch.using(scan) if scan else contextlib.nullcontext():
         for i in range(steps):
             if i == warmup:
                 _sync(device)

@@ -29,6 +29,17 @@ def test_mode_is_read_at_call_time(monkeypatch):
     assert mingru.scan_mode() == "auto"
 
 
+def test_using_sets_the_mode_for_a_block_and_restores_it(monkeypatch):
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    with dispatch.using("eager"):
+        assert mingru.scan_mode() == "eager"
+    assert mingru.scan_mode() == "triton"
+    monkeypatch.delenv("MINGRU_SCAN")
+    with pytest.raises(ValueError, match="mode='fast'"), dispatch.using("fast"):
+        pass
+    assert "MINGRU_SCAN" not in __import__("os").environ
+
+
 def test_auto_on_cpu_is_eager_without_warning(monkeypatch):
     monkeypatch.setenv("MINGRU_SCAN", "auto")
     monkeypatch.setattr(dispatch, "triton_impl", lambda name: pytest.fail("auto on CPU must not load kernels"))

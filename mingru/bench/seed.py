@@ -24,6 +24,7 @@ QUICK_SHAPES = {"lab": (2, 8)}
 WIDTH, QUICK_WIDTH = 64, 8
 AFFINE_KV = ((4, 4), (8, 8), (16, 16), (8, 1))  # (8, 1) is GivensMinGRU's generic path
 MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU", "DeltaMinGRU")
+DELTA_LAYER_SHAPES = ((16, 1024, 256), (4, 4096, 256))
 DTYPES = ("float32", "bfloat16")
 TOLERANCE = {  # against float64 on the same (rounded) inputs, normwise: rtol times the tensor's largest entry
     "float32": timing.gate((1e-4, 1e-4), (1e-3, 1e-3), True, True,
@@ -52,10 +53,12 @@ def op_cases(quick):
 
 
 def mixer_cases(quick):
-    """(mixer, B, T, d) for every mixer both packages have, at the seed's shapes."""
+    """(mixer, B, T, d) for every mixer both packages have, at the seed's shapes; DeltaMinGRU also
+    at the widths of a language-model layer (n_heads 4 by default in both packages)."""
     shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
     names = [m for m in MIXERS if hasattr(mingru, m)]
-    return [(m, B, T, width) for m in (names[:1] if quick else names) for B, T in shapes.values()]
+    found = [(m, B, T, width) for m in (names[:1] if quick else names) for B, T in shapes.values()]
+    return found + ([] if quick else [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES])
 
 
 def op_job(op, dims, dtype, direction, device, reps):
@@ -133,8 +136,9 @@ def _todo(quick, keep):
 
 
 def _jobs(todo, mixers, device, reps):
-    jobs = [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
-    return jobs + [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    # mixers first: a sweep cut short by its time budget leaves out op rows, which repeat across dtypes
+    jobs = [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    return jobs + [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
 
 
 def warm_ours(kind, case, device):
@@ -146,9 +150,9 @@ def warm_ours(kind, case, device):
 def compile_plan(device, quick, env, keep=lambda name: True):
     """(target, cases) that the compile pool runs once before the sweep: our side of every case."""
     todo, mixers = _todo(quick, keep)
-    return "mingru.bench.seed:warm_ours", ([("op", (op, dims, dtype, direction), device)
-                                            for op, dims, _, dtype, direction in todo]
-                                           + [("module", m, device) for m in mixers])
+    return "mingru.bench.seed:warm_ours", ([("module", m, device) for m in mixers]
+                                           + [("op", (op, dims, dtype, direction), device)
+                                              for op, dims, _, dtype, direction in todo])
 
 
 def seed_jobs(device, quick, keep=lambda name: True):
@@ -167,8 +171,8 @@ def measure(device, quick, env, keep=lambda name: True):
     if theirs is None:
         theirs = [{"status": version}] * len(jobs)
     rows = []
-    labelled = [(op, cases.label(dims), shape, dtype, direction) for op, dims, shape, dtype, direction in todo]
-    labelled += [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
+    labelled = [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
+    labelled += [(op, cases.label(dims), shape, dtype, direction) for op, dims, shape, dtype, direction in todo]
     work = list(zip(labelled, jobs, theirs))
     for (op, dims, shape, dtype, direction), job, seed_got in Sweep("seed", work, lambda w: " ".join(w[0][:2])):
         row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
