@@ -29,7 +29,7 @@ HARNESSES = {
     "layout": ("02", 15), "scaling": ("08", 10), "layer_cpu": ("04", 20),
 }
 COMPILE_BUDGET_S = 70  # the run-wide compile pool (GPU runs only)
-NOTEBOOK_RESERVE_S = 150  # with --deadline: the time kept for the notebooks
+NOTEBOOK_RESERVE_S = 100  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
 NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from mingru.bench import layer, main, places, precision, progress, results, seed, seed_runner, warm
+from mingru.bench import layer, main, places, precision, progress, results, seed, seed_runner, timing, warm
 from mingru.bench import refusal, run
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -191,3 +191,14 @@ def test_parity_mixer_rows_gate_outputs_normwise_and_measure_both_paths_against_
     assert row["status"] == "ok" and row["pass"] is True, row
     assert row["out_gate"].endswith("normwise")
     assert 0 < row["eager_vs_f64"] < 1e-5 and 0 < row["triton_vs_f64"] < 1e-5
+
+
+def test_reps_zero_checks_without_timing():
+    want = ((torch.ones(3),), ())
+    calls = []
+    got = timing.check_then_time(lambda: ((torch.ones(3),), ()), want, timing.gate((0, 0), (0, 0)),
+                                 lambda: calls.append(1), "cpu", reps=0)
+    assert got == {"us": None, "gpu_us": None, "err": 0.0, "status": "ok"} and not calls
+    bad = timing.check_then_time(lambda: ((2 * torch.ones(3),), ()), want, timing.gate((0, 0), (0, 0)),
+                                 lambda: calls.append(1), "cpu", reps=0)
+    assert bad["status"].startswith("wrong") and not calls

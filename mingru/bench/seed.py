@@ -72,7 +72,7 @@ def op_job(op, dims, dtype, direction, device, reps):
     cpu = lambda xs: tuple(None if x is None else x.detach().cpu() for x in xs)  # noqa: E731
     return {"kind": "op", "name": op, "direction": direction, "inputs": cpu(inputs),
             "cot": cpu(c.to(getattr(torch, dtype)) for c in cot), "want_out": cpu(outs), "want_grads": cpu(grads),
-            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True}
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": reps > 0}
 
 
 def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True, seed=0):
@@ -80,7 +80,7 @@ def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True,
     gen = torch.Generator().manual_seed(seed)
     return {"kind": "module", "name": name, "args": (d, d), "kwargs": {}, "dtype": dtype, "mode": mode,
             "x": torch.randn(B, T, d, generator=gen).to(getattr(torch, dtype)), "seed": seed,
-            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True, "memory": memory}
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": reps > 0, "memory": memory}
 
 
 def ours(job, device):
@@ -137,13 +137,13 @@ def _todo(quick, keep):
 
 def _jobs(todo, mixers, device, reps):
     # mixers first: a sweep cut short by its time budget leaves out op rows, which repeat across dtypes
-    jobs = [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    jobs = [module_job(m, B, T, d, reps=reps, memory=reps > 0) for m, B, T, d in mixers]
     return jobs + [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
 
 
 def warm_ours(kind, case, device):
     """Our side of one case, once (what the compile pool's workers run; plain arguments pickle)."""
-    job = (op_job(*case, device, 1) if kind == "op" else module_job(*case, reps=1, memory=False))
+    job = (op_job(*case, device, 0) if kind == "op" else module_job(*case, reps=0, memory=False))
     ours(job, device)
 
 
@@ -155,9 +155,10 @@ def compile_plan(device, quick, env, keep=lambda name: True):
                                               for op, dims, _, dtype, direction in todo])
 
 
-def seed_jobs(device, quick, keep=lambda name: True):
-    """The jobs this harness hands the seed's process (run once ahead to compile the seed's kernels)."""
-    return _jobs(*_todo(quick, keep), device, 1)
+def seed_jobs(device, quick, reps=0, keep=lambda name: True):
+    """The jobs this harness hands the seed's process (reps=0: checked, not timed, which is what
+    the compile pool runs ahead to compile the seed's kernels)."""
+    return _jobs(*_todo(quick, keep), device, reps)
 
 
 def measure(device, quick, env, keep=lambda name: True):

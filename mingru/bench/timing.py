@@ -161,11 +161,14 @@ def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_tim
 
     Returns {'us': wall µs (median), 'gpu_us': GPU µs (profiler trace; None on a CPU or when not
     asked), 'err': max abs error, 'status'}. A wrong answer or an exception is a status, never a time.
+    reps=0 checks without timing (what a compile pool runs ahead: every kernel launched once).
     """
     try:
         ok, err = agrees(compute(), want, tol)
         if not ok:
             return {"us": None, "gpu_us": None, "err": err, "status": wrong(err, against)}
+        if reps == 0:
+            return {"us": None, "gpu_us": None, "err": err, "status": "ok"}
         gpu = kernel_us(step, device, leaves) if gpu_time else None
         return {"us": median_us(step, device, leaves, reps), "gpu_us": gpu, "err": err, "status": "ok"}
     except Exception as exc:  # noqa: BLE001  (compile errors, declined kernels, OOM: each becomes a row)
