@@ -25,7 +25,7 @@ RESULTS = ROOT / "results"
 # (in the order they run: the comparisons the chapters' headlines rest on first)
 HARNESSES = {
     "seed": ("04", 60), "speed": ("04", 40), "layer": ("04", 60), "parity": ("06", 30),
-    "memory": ("05", 20), "peers": ("04", 40), "roofline": ("04", 25), "precision": ("03", 10),
+    "memory": ("05", 20), "peers": ("04", 45), "roofline": ("04", 25), "precision": ("03", 10),
     "layout": ("02", 15), "scaling": ("08", 10), "layer_cpu": ("04", 20),
 }
 COMPILE_BUDGET_S = 70  # the run-wide compile pool (GPU runs only)

@@ -202,3 +202,13 @@ def test_reps_zero_checks_without_timing():
     bad = timing.check_then_time(lambda: ((2 * torch.ones(3),), ()), want, timing.gate((0, 0), (0, 0)),
                                  lambda: calls.append(1), "cpu", reps=0)
     assert bad["status"].startswith("wrong") and not calls
+
+
+def test_peers_delta_rows_check_ours_in_bfloat16_against_float64():
+    from mingru.bench import peers
+    entry = peers.delta_competitors()["mingru.delta_rule_chunked"]
+    rows = peers.race_delta("mingru.delta_rule_chunked", entry, 1, 9, 2, 4, torch.device("cpu"), True, True)
+    assert [r["direction"] for r in rows] == ["fwd", "fwd+bwd"]
+    assert all(r["status"] == "ok" and r["dtype"] == "bfloat16" and r["D"] == 8 and 0 < r["err"] for r in rows)
+    names = {(n, delta) for n, _, delta in peers._todo(False, lambda name: True)}
+    assert ("fla.chunk_delta_rule", True) in names and ("accelerated_scan", False) in names

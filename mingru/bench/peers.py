@@ -1,7 +1,11 @@
-"""Peers: the gated diagonal recurrence h_t = exp(g_t) h_{t-1} + x_t in other libraries and ours.
+"""Peers: the gated diagonal recurrence h_t = exp(g_t) h_{t-1} + x_t in other libraries and ours,
+and the delta rule of DeltaMinGRU (one micro-step per token) against flash-linear-attention's.
 
 flash-linear-attention's HGRN kernels take (x, g) laid out (B, T, D) with a start state;
 accelerated-scan's Triton scan takes (gates, tokens) laid out (B, D, T) and starts from zero.
+fla's chunk_delta_rule takes (q, k, v, beta) laid out (B, T, heads, width) as our
+`delta_rule_chunked` does; it is called with scale 1 (our readout has no scale), k L2-normalized
+as DeltaMinGRU normalizes it.
 Each competitor gets its own natural inputs, prepared outside the timed region, and is checked
 against a float64 reference before it is timed: the eager scan run in float64 (tests hold it to the
 float64 sequential loop, which at long T is too slow to run per competitor and shape).
@@ -19,13 +23,20 @@ from mingru.bench import cases, places
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
 from mingru.bench.timing import check_then_time, failure, gate, scan_impl
+from mingru.delta import delta_rule_chunked
 
 NAME, SUBJECT = "peers", "competitor"
 SHAPES = ((128, 64, 64), (16, 1024, 64), (16, 1024, 1024), (8, 4096, 2048), (2, 16384, 1024))
 QUICK_SHAPES = ((1, 8, 4),)
 GATE = (1e-4, 1e-4)  # float32 against the float64 loop, outputs and gradients
+DELTA_GATE = gate((2e-2, 2e-2), (5e-2, 5e-2), True, True,
+                  "delta rule in bfloat16 (fla's chunk_delta_rule refuses float32), against float64 on the same "
+                  "rounded inputs, normwise: bfloat16 outputs carry 8 significant bits")
 GOAL = "ours faster by GPU clock"
-OURS = ("mingru.linear_recurrence", "mingru.parallel_scan_log")
+OURS = ("mingru.linear_recurrence", "mingru.parallel_scan_log", "mingru.delta_rule_chunked")
+# (B, T, heads, head width): DeltaMinGRU(256, 256) with its default 4 heads, at two layer shapes
+DELTA_SHAPES = ((16, 1024, 4, 64), (4, 4096, 4, 64))
+QUICK_DELTA_SHAPES = ((1, 8, 2, 4),)
 
 
 def _find(*candidates):
@@ -73,10 +84,36 @@ def competitors():
     }
 
 
+def delta_competitors():
+    """name -> (fn(q, k, v, beta) -> outputs, why missing): the delta rule at nh = 1, no decay, no h_0."""
+    places.peer_on_path("fla-core")
+    chunk, why = _find(("fla.ops.delta_rule", "chunk_delta_rule"))
+    return {"mingru.delta_rule_chunked": (lambda q, k, v, beta: delta_rule_chunked(q, k, v, beta)[0], None),
+            "fla.chunk_delta_rule": (chunk and (lambda q, k, v, beta: chunk(q, k, v, beta, scale=1.0)[0]), why)}
+
+
+def race_delta(name, entry, B, T, H, d, device, quick, runnable):
+    """Rows (fwd, fwd+bwd) of one delta-rule competitor; D = H * d. Reference: our chunked delta
+    rule in float64 (the tests hold it to the token-by-token oracle)."""
+    fn, why = entry
+    rows = [{"competitor": name, "B": B, "T": T, "D": H * d, "dtype": "bfloat16", "direction": dr}
+            for dr in ("fwd", "fwd+bwd")]
+    if fn is None or not runnable:
+        return [{**r, "us": None, "status": why or SKIPPED} for r in rows]
+    q, v = torch.randn(B, T, H, d, device=device), torch.randn(B, T, H, d, device=device)
+    k = F.normalize(torch.randn(B, T, H, d, device=device), dim=-1)
+    beta = torch.sigmoid(torch.randn(B, T, H, device=device))
+    job = cases.Job(name, fn, tuple(t.bfloat16() for t in (q, k, v, beta))).requiring_grad()
+    reference = lambda *xs: delta_rule_chunked(*xs)[0]  # noqa: E731
+    exact = cases.Job(name, reference, tuple(t.detach().double() for t in job.inputs)).requiring_grad()
+    return _timed(rows, job, exact, ("q", "k", "v", "beta"), device, quick, DELTA_GATE)
+
+
 def race(name, entry, B, T, D, device, quick, runnable):
     """Rows (fwd, fwd+bwd) of one competitor at one shape."""
     fn, prepare, names, reference, why = entry
-    rows = [{"competitor": name, "B": B, "T": T, "D": D, "direction": d} for d in ("fwd", "fwd+bwd")]
+    rows = [{"competitor": name, "B": B, "T": T, "D": D, "dtype": "float32", "direction": d}
+            for d in ("fwd", "fwd+bwd")]
     if fn is None:
         return [{**r, "us": None, "status": why} for r in rows]
     if not runnable:
@@ -85,10 +122,18 @@ def race(name, entry, B, T, D, device, quick, runnable):
     x, h0 = F.softplus(torch.randn(B, T, D, device=device)), F.softplus(torch.randn(B, D, device=device))
     job = cases.Job(name, fn, prepare(g, x, h0)).requiring_grad()
     exact = cases.Job(name, reference, tuple(t.detach().double() for t in job.inputs)).requiring_grad()
+    return _timed(rows, job, exact, names, device, quick, gate(GATE, GATE))
+
+
+def _timed(rows, job, exact, names, device, quick, tol):
+    """Check `job` against the float64 `exact` (outputs, and gradients of random cotangents), then time
+    it: one row per direction."""
     want_out = cases.outputs(exact.fn, exact.inputs)
-    cot = cases.cotangents_for(want_out)
+    dtype = job.inputs[0].dtype
+    # the cotangents are rounded to the job's dtype before the reference uses them: both sides get the same
+    cot = tuple(c.to(dtype).to(c.dtype) for c in cases.cotangents_for(want_out))
     want_grads = torch.autograd.grad(want_out, exact.leaves, cot)
-    cot = tuple(c.float() for c in cot)
+    cot = tuple(c.to(dtype) for c in cot)
     out = []
     for row, direction in zip(rows, ("fwd", "fwd+bwd")):
         c = None if direction == "fwd" else cot
@@ -105,7 +150,7 @@ def race(name, entry, B, T, D, device, quick, runnable):
                 skip = [i for i, gr in enumerate(first[1]) if gr is None]
                 kept = lambda grads: tuple(gr for i, gr in enumerate(grads) if i not in skip)  # noqa: E731
                 compute, want = (lambda: (first[0], kept(first[1]))), (want_out, kept(want_grads))
-            got = check_then_time(compute, want, gate(GATE, GATE), lambda: cases.step(job, c), device,
+            got = check_then_time(compute, want, tol, lambda: cases.step(job, c), device,
                                   job.leaves if c else (), 1 if quick else 3, against="float64")
         if got["status"] == "ok" and skip:
             got["status"] = f"ok (no gradient for {', '.join(names[i] for i in skip)})"
@@ -113,9 +158,20 @@ def race(name, entry, B, T, D, device, quick, runnable):
     return out
 
 
-def warm_race(name, B, T, D, device, quick):
-    """race() of one competitor by name (what the compile pool's workers receive: names pickle)."""
-    race(name, competitors()[name], B, T, D, device, quick, True)
+def warm_race(name, shape, device, quick):
+    """One competitor's rows by name (what the compile pool's workers receive: names pickle)."""
+    delta = delta_competitors()
+    if name in delta:
+        race_delta(name, delta[name], *shape, device, quick, True)
+    else:
+        race(name, competitors()[name], *shape, device, quick, True)
+
+
+def _todo(quick, keep):
+    """(name, shape, delta?) of every row pair: the diagonal peers at SHAPES, the delta rule at DELTA_SHAPES."""
+    diagonal = [(n, s, False) for s in (QUICK_SHAPES if quick else SHAPES) for n in competitors() if keep(n)]
+    return diagonal + [(n, s, True) for s in (QUICK_DELTA_SHAPES if quick else DELTA_SHAPES)
+                       for n in delta_competitors() if keep(n)]
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
@@ -123,18 +179,20 @@ def compile_plan(device, quick, env, keep=lambda name: True):
     (fla autotunes its block sizes on first use)."""
     if not cases.kernels_run(device, env):
         return "mingru.bench.peers:warm_race", []
-    names = [k for k, v in competitors().items() if keep(k) and v[0] is not None]
-    return "mingru.bench.peers:warm_race", [(n, *s, device, quick) for s in (QUICK_SHAPES if quick else SHAPES)
-                                            for n in names]
+    present = {k for k, v in {**competitors(), **delta_competitors()}.items() if v[0] is not None}
+    return "mingru.bench.peers:warm_race", [(n, s, device, quick) for n, s, _ in _todo(quick, keep) if n in present]
 
 
 def measure(device, quick, env, keep=lambda name: True):
-    entries = {k: v for k, v in competitors().items() if keep(k)}
+    entries, delta = competitors(), delta_competitors()
     runnable = cases.kernels_run(device, env)
-    todo = [(shape, name) for shape in (QUICK_SHAPES if quick else SHAPES) for name in entries]
     rows = []
-    for (B, T, D), name in Sweep("peers", todo, lambda c: f"{c[1]} B{c[0][0]}-T{c[0][1]}-D{c[0][2]}"):
-        rows += race(name, entries[name], B, T, D, device, quick, runnable)
+    for name, shape, is_delta in Sweep("peers", _todo(quick, keep),
+                                       lambda c: f"{c[0]} " + "-".join(map(str, c[1]))):
+        if is_delta:
+            rows += race_delta(name, delta[name], *shape, device, quick, runnable)
+        else:
+            rows += race(name, entries[name], *shape, device, quick, runnable)
     return rows
 
 
@@ -143,7 +201,7 @@ def summarize(rows, env):
     return {
         "gate": {"out_and_grad": GATE, "why": "float32 against the eager scan in float64"},
         "goal": GOAL,
-        "columns": ["competitor", "B", "T", "D", "direction", "us", "gpu_us", "ours_x", "ours_gpu_x",
+        "columns": ["competitor", "B", "T", "D", "dtype", "direction", "us", "gpu_us", "ours_x", "ours_gpu_x",
                     "meets_goal", "err", "status"],
         "losses": losses,
         "notes": ["us: wall clock per call (do_bench median, host included); gpu_us: the kernels' own time "
@@ -153,6 +211,8 @@ def summarize(rows, env):
                   f"meets_goal ({GOAL}): ours_gpu_x > 1 on a peer's row; — where either side was not measured",
                   "accelerated_scan takes (B, D, T) inputs; 'accelerated_scan (B,T,D)' adds the transposes "
                   "a caller holding (B, T, D) tensors pays",
+                  "delta-rule rows (mingru.delta_rule_chunked, fla.chunk_delta_rule): D = heads x head width, "
+                  f"heads {DELTA_SHAPES[0][2]}, one micro-step per token (nh = 1), no decay; gate: {DELTA_GATE['why']}",
                   "rows where a peer beats us by GPU clock: " + ("; ".join(losses) or "none")],
     }
 

@@ -228,7 +228,8 @@ def peers_time(data):
             ax.set_title(f"{direction}, {clock}" + ("" if rows else " (not in this file)"), fontsize=10)
             if i == 0 and j == 1:
                 _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(f"h_t = exp(g_t) h_(t-1) + x_t against peers (missing bars: see the table), {_where(data)}")
+    fig.suptitle("h_t = exp(g_t) h_(t-1) + x_t, and the delta rule (its own shapes, bfloat16), against peers "
+                 f"(missing bars: see the table), {_where(data)}")
     return fig
 
 

@@ -306,7 +306,7 @@ def peers_rows(data):
              ("ours" if r["competitor"].startswith("mingru.") else verdict(None))} for r in data["rows"]]
 
 
-PEERS_COLUMNS = ["competitor", "B", "T", "D", "direction", "us", "gpu_us", "ours_x", "ours_gpu_x", "meets",
+PEERS_COLUMNS = ["competitor", "B", "T", "D", "dtype", "direction", "us", "gpu_us", "ours_x", "ours_gpu_x", "meets",
                  "status"]
 
 

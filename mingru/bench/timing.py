@@ -15,7 +15,10 @@ import torch
 
 @contextlib.contextmanager
 def scan_impl(mode):
-    """Run the enclosed calls with MINGRU_SCAN=mode; the dispatch seam reads it at call time."""
+    """Run the enclosed calls with MINGRU_SCAN=mode; the dispatch seam reads it at call time.
+
+    The package's own switch is `mingru.dispatch.using`; this file keeps its own because the seed's
+    process loads it by path, where `mingru` is the seed."""
     old = os.environ.get("MINGRU_SCAN")
     os.environ["MINGRU_SCAN"] = mode
     try:
