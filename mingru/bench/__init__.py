@@ -94,16 +94,13 @@ def compile_ahead(names, quick=False, env=None, workers=None):
     measures; return the seconds spent. Nothing is measured meanwhile, so the pool's load on the
     CPU and GPU touches no recorded number.
 
-    Harnesses that define compile_plan() contribute (target, cases); those that hand jobs to the
-    seed's process (seed_jobs()) get one run of that process alongside the pool, which compiles
-    the seed's kernels into the shared Triton cache. Each harness later skips its own pool.
+    Harnesses that define compile_plan() contribute (target, cases); each later skips its own pool.
+    Only this package's side and the in-process peers are compiled ahead, not the seed's process.
     """
-    import threading
-
     import torch
 
     from mingru.bench import env as environment
-    from mingru.bench import seed, warm
+    from mingru.bench import warm
 
     device = torch.device("cpu" if quick else "cuda")
     env = env or environment.environment(device, smoke=quick)
@@ -114,15 +111,7 @@ def compile_ahead(names, quick=False, env=None, workers=None):
     order = sorted(names, key=lambda name: name != "layer")
     modules = [_module(name) for name in order if name not in CPU_HARNESSES]
     plans = [m.compile_plan(device, quick, env) for m in modules if hasattr(m, "compile_plan")]
-    jobs = [job for m in modules if hasattr(m, "seed_jobs") for job in m.seed_jobs(device, quick)]
-    start = time.monotonic()
-    seed_run = threading.Thread(target=seed.run_seed, args=(jobs, device), daemon=True) if jobs else None
-    if seed_run:
-        seed_run.start()
-    warm.warm_all(plans, workers)
-    if seed_run:
-        seed_run.join()
-    return time.monotonic() - start
+    return warm.warm_all(plans, workers)
 
 
 def _merge(path, subject, rows, keep, env):

@@ -80,9 +80,8 @@ def compile_plan(device, quick, env, keep=lambda name: True):
     return "mingru.bench.layer:step_row", warm_cases(entries, todo, device, 1 if quick else 3, quick)
 
 
-def seed_jobs(device, quick, reps=0, keep=lambda name: True):
-    """The jobs this harness hands the seed's process: its MinGRU at every shape (reps=0: checked,
-    not timed, which is what the compile pool runs ahead)."""
+def seed_jobs(device, quick, reps, keep=lambda name: True):
+    """The jobs this harness hands the seed's process: its MinGRU at every shape."""
     return [seed.module_job("MinGRU", B, T, d, reps=reps, memory=reps > 0)
             for B, T, d in (QUICK_SHAPES if quick else SHAPES) if keep("seed MinGRU (auto)")]
 

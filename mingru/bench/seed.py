@@ -155,12 +155,6 @@ def compile_plan(device, quick, env, keep=lambda name: True):
                                               for op, dims, _, dtype, direction in todo])
 
 
-def seed_jobs(device, quick, reps=0, keep=lambda name: True):
-    """The jobs this harness hands the seed's process (reps=0: checked, not timed, which is what
-    the compile pool runs ahead to compile the seed's kernels)."""
-    return _jobs(*_todo(quick, keep), device, reps)
-
-
 def measure(device, quick, env, keep=lambda name: True):
     reps = 1 if quick else 3
     todo, mixers = _todo(quick, keep)

@@ -51,10 +51,15 @@ def median_us(fn, device, grad_to_none=(), reps=3):
     return sorted(times)[len(times) // 2] * 1e6
 
 
+TRACE_BUDGET_S = 0.05  # wall time of the calls one profiler trace records, at most (beyond one call)
+
+
 def kernel_us(fn, device, grad_to_none=(), reps=20):
     """GPU time of one `fn()` in microseconds without the host: the durations of the kernels (and
     memsets, copies) it launches, summed per call from torch.profiler's CUDA trace and averaged
-    over `reps` calls after a warm-up call. Inputs stay warm in L2 between calls.
+    over `reps` calls after a warm-up call (fewer when the calls are long: a trace records at most
+    about TRACE_BUDGET_S of them, since the profiler's cost grows with the events a call launches,
+    e.g. a cuDNN RNN's kernels per step). Inputs stay warm in L2 between calls.
 
     Nothing is captured into a CUDA graph (a failed capture can leave the CUDA RNG unusable), so it
     works for any call. None on the CPU or when the trace holds no GPU activity.
@@ -63,8 +68,11 @@ def kernel_us(fn, device, grad_to_none=(), reps=20):
         return None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
+    reps = max(1, min(reps, int(TRACE_BUDGET_S / max(time.perf_counter() - start, 1e-9))))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             for x in grad_to_none:
