@@ -76,7 +76,7 @@ def _parity(data):
 
 
 def _peers(data):
-    assert {r["competitor"] for r in data["rows"]} == set(peers.competitors())
+    assert {r["competitor"] for r in data["rows"]} == set(peers.competitors()) | set(peers.delta_competitors())
     assert all(r["status"] != "ok" or r["us"] > 0 for r in data["rows"])
 
 
