@@ -170,8 +170,7 @@ def main(argv=None):
         env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
         if not smoke:
             from mingru import bench
-            timed("compile ahead", COMPILE_BUDGET_S, lambda: print(
-                f"   {bench.compile_ahead(harnesses, env=env):.0f} s in the pool", flush=True), record)
+            timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(bench, harnesses, env), record)
     for name in harnesses:
         if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
             print(f"== bench {name}: skipped (the run's deadline of {args.deadline:.0f} s is near); "
@@ -203,14 +202,26 @@ def main(argv=None):
     return 0
 
 
+def compile_ahead(bench, harnesses, env):
+    """The run-wide compile pool, and where its worker time went, per harness function."""
+    from mingru.bench import warm
+    seconds = bench.compile_ahead(harnesses, env=env)
+    spent = ", ".join(f"{target.split(':')[0].rsplit('.', 1)[-1]} {s:.0f}" for target, s in
+                      sorted(warm.SPENT.items(), key=lambda kv: -kv[1]))
+    print(f"   {seconds:.0f} s in the pool; worker seconds by harness: {spent or 'none'}", flush=True)
+
+
 def write_record(results_dir, record, total, cache, env, keys, smoke):
-    """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state."""
+    """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
+    and the worker seconds of the compile pools per harness function."""
     from mingru.bench import env as environment
+    from mingru.bench import warm
     commit, dirty = environment.git_state()
     data = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
             "smoke": smoke, "triton_cache": cache, "chapters": keys,
-            "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record}
+            "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record,
+            "compile_worker_s": {target: round(s, 1) for target, s in sorted(warm.SPENT.items())}}
     path = Path(results_dir) / "reproduce.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")

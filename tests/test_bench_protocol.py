@@ -212,3 +212,14 @@ def test_peers_delta_rows_check_ours_in_bfloat16_against_float64():
     assert all(r["status"] == "ok" and r["dtype"] == "bfloat16" and r["D"] == 8 and 0 < r["err"] for r in rows)
     names = {(n, delta) for n, _, delta in peers._todo(False, lambda name: True)}
     assert ("fla.chunk_delta_rule", True) in names and ("accelerated_scan", False) in names
+
+
+def test_pools_record_worker_seconds_per_target(tmp_path):
+    plans = [("os:mkdir", [(str(tmp_path / "a"),), (str(tmp_path / "b"),)]), ("time:sleep", [(0.2,)])]
+    warm.SPENT.clear()
+    try:
+        warm.warm_all(plans, 2)
+        assert set(warm.SPENT) == {"os:mkdir", "time:sleep"} and warm.SPENT["time:sleep"] >= 0.2
+    finally:
+        warm.DONE.clear()
+        warm.SPENT.clear()

@@ -10,6 +10,7 @@ higher). Without .peers/mingru-scans the seed's columns say "not measured".
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -85,11 +86,14 @@ def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True,
 
 def ours(job, device):
     """The same job run on our package, in this process, through the runner's functions."""
+    start = time.monotonic()
     if job["kind"] == "op":
         with timing.scan_impl("auto"):
-            return seed_runner.run_op(mingru, timing, job, device)
-    build = lambda j: cases.mixer(j["name"], {"d": j["args"][1]})  # noqa: E731
-    return seed_runner.run_module(mingru, timing, job, device, build)
+            got = seed_runner.run_op(mingru, timing, job, device)
+    else:
+        build = lambda j: cases.mixer(j["name"], {"d": j["args"][1]})  # noqa: E731
+        got = seed_runner.run_module(mingru, timing, job, device, build)
+    return {**got, "job_s": time.monotonic() - start}
 
 
 def run_seed(jobs, device, timeout=RUNNER_TIMEOUT_S):
@@ -117,6 +121,7 @@ def compare(row, mine, theirs, memory=False):
     for side, got in (("ours", mine), ("seed", theirs)):
         row[f"{side}_us"], row[f"{side}_gpu_us"] = got.get("us"), got.get("gpu_us")
         row[f"{side}_err"], row[f"{side}_status"] = got.get("err"), got["status"]
+        row[f"{side}_job_s"] = got.get("job_s")  # seconds the job took in all (where a run's time goes)
         if memory:
             row[f"{side}_peak_mb"] = got.get("peak_mb")
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731

@@ -105,11 +105,13 @@ def main(seed_dir, jobs_path, out_path):
     device = spec["device"]
     results = []
     for job in spec["jobs"]:
+        start = timing.time.monotonic()
         try:
             run = run_op if job["kind"] == "op" else run_module
             results.append(run(seed, timing, job, device))
         except Exception as exc:  # noqa: BLE001  (a job the seed cannot run becomes a status)
             results.append({"us": None, "gpu_us": None, "err": None, "status": timing.failure(exc)})
+        results[-1]["job_s"] = timing.time.monotonic() - start  # check, timing and memory of this job
     clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
              for r in results]
     Path(out_path).write_text(json.dumps({"version": _version(seed_dir), "results": clean}))

@@ -19,6 +19,7 @@ import time
 
 WORKERS_ENV = "MINGRU_BENCH_WORKERS"
 DONE = set()  # targets whose cases a run-wide pool (warm_all) already compiled in this process
+SPENT = {}  # target -> worker seconds its calls took in the last pool that ran it (where a cold run's time goes)
 
 
 def default_workers(device):
@@ -32,18 +33,23 @@ def default_workers(device):
 
 
 def _run_slice(calls):
+    """Run the calls in this worker; return (target, seconds) per call."""
+    spent = []
     for target, case in calls:
         module, _, name = target.partition(":")
+        start = time.monotonic()
         try:
             getattr(importlib.import_module(module), name)(*case)
         except Exception:  # noqa: BLE001  (the main process measures the case again and reports it)
             pass
-    return len(calls)
+        spent.append((target, time.monotonic() - start))
+    return spent
 
 
 def _pool(calls, workers):
     """Run (target, case) calls across `workers` spawned processes, dealt round-robin so that each
-    worker gets a mix of variants; return the seconds spent."""
+    worker gets a mix of variants; return the seconds spent (and add each target's worker seconds to
+    SPENT)."""
     start = time.monotonic()
     slices = [calls[i::workers] for i in range(min(workers, len(calls)))]
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
@@ -52,7 +58,9 @@ def _pool(calls, workers):
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:
         with concurrent.futures.ProcessPoolExecutor(len(slices), mp_context=context) as pool:
-            list(pool.map(_run_slice, slices))
+            for spent in pool.map(_run_slice, slices):
+                for target, seconds in spent:
+                    SPENT[target] = SPENT.get(target, 0.0) + seconds
     finally:
         if old is None:
             os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS")
@@ -67,6 +75,7 @@ def warm(target, cases, workers):
     cases = list(cases)
     if target in DONE or workers < 2 or len(cases) < 2:
         return 0.0
+    SPENT.pop(target, None)
     return _pool([(target, case) for case in cases], workers)
 
 
@@ -77,6 +86,8 @@ def warm_all(plans, workers):
     calls = [(target, case) for target, cases in plans for case in cases]
     if workers < 2 or not calls:
         return 0.0
+    for target, _ in plans:
+        SPENT.pop(target, None)
     seconds = _pool(calls, workers)
     DONE.update(target for target, _ in plans)
     return seconds
