@@ -161,6 +161,10 @@ def main(argv=None):
               f"committed {RESULTS}.", flush=True)
     record, start = [], time.monotonic()
     env = None
+    # after every harness the record so far is written (complete: false), so a run stopped from
+    # outside still says how long each finished step took
+    progress = lambda: write_record(results_dir, record, time.monotonic() - start, cache, env, keys, smoke,  # noqa: E731
+                                    complete=False)
     if harnesses:
         import torch
 
@@ -171,6 +175,7 @@ def main(argv=None):
         if not smoke:
             from mingru import bench
             timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(bench, harnesses, env), record)
+            progress()
     for name in harnesses:
         if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
             print(f"== bench {name}: skipped (the run's deadline of {args.deadline:.0f} s is near); "
@@ -179,6 +184,7 @@ def main(argv=None):
                            "skipped": "deadline"})
             continue
         timed(f"bench {name}", HARNESSES[name][1], lambda: run_harness(name, smoke, results_dir, env), record)
+        progress()
     left = (lambda: max(30.0, args.deadline - (time.monotonic() - start))) if args.deadline else (lambda: None)
     # The notebooks only render results (MEASURE=False), so they run side by side, each in its own
     # kernel process; the harnesses before them ran alone, so nothing disturbed their timings.
@@ -211,7 +217,7 @@ def compile_ahead(bench, harnesses, env):
     print(f"   {seconds:.0f} s in the pool; worker seconds by harness: {spent or 'none'}", flush=True)
 
 
-def write_record(results_dir, record, total, cache, env, keys, smoke):
+def write_record(results_dir, record, total, cache, env, keys, smoke, complete=True):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
     and the worker seconds of the compile pools per harness function."""
     from mingru.bench import env as environment
@@ -219,7 +225,7 @@ def write_record(results_dir, record, total, cache, env, keys, smoke):
     commit, dirty = environment.git_state()
     data = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
-            "smoke": smoke, "triton_cache": cache, "chapters": keys,
+            "smoke": smoke, "triton_cache": cache, "chapters": keys, "complete": complete,
             "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record,
             "compile_worker_s": {target: round(s, 1) for target, s in sorted(warm.SPENT.items())}}
     path = Path(results_dir) / "reproduce.json"

@@ -76,3 +76,16 @@ def test_a_failed_step_is_reported_and_sets_the_exit_code(tmp_path, monkeypatch,
     captured = capsys.readouterr()
     assert "== notebook 02_kernel_layout: FAILED" in captured.out and "ZeroDivisionError" in captured.out
     assert "1 step(s) failed: notebook 02_kernel_layout" in captured.err
+
+
+def test_the_record_is_written_after_each_harness(tmp_path, monkeypatch):
+    """A run stopped from outside still leaves the times of the steps it finished (complete: false)."""
+    seen = []
+    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env: None)
+    monkeypatch.setattr(reproduce, "run_notebook", lambda key, smoke, out, kernel, results_dir, timeout=None:
+                        seen.append(json.loads((results_dir / "reproduce.json").read_text())))
+    assert reproduce.main(["03", "--smoke", "--out", str(tmp_path)]) == 0
+    assert seen and seen[0]["complete"] is False
+    assert [s["step"] for s in seen[0]["steps"]] == ["bench precision"]
+    final = json.loads((tmp_path / "results" / "reproduce.json").read_text())
+    assert final["complete"] is True and [s["step"] for s in final["steps"]][-1] == "notebook 03_tf32_ieee_guard"
