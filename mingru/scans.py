@@ -17,14 +17,25 @@ LOG_CHUNK = 16
 DOUBLING_MAX_T = 128
 
 
-def hillis_steele(elems, combine):
-    """Inclusive scan along dim 1 of a tuple of tensors: result[t] = e[0] ∘ ... ∘ e[t]."""
+def hillis_steele(elems, combine, identity=None):
+    """Inclusive scan along dim 1 of a tuple of tensors: result[t] = e[0] ∘ ... ∘ e[t].
+
+    identity: the monoid's identity as one number per tensor (scalar monoids only). A round then
+    combines every step with the elements d steps back, shifted in with that identity as padding,
+    instead of combining slices and concatenating the first d steps back on: the same values (for
+    finite inputs), and for autograd one padded copy per tensor and round instead of slices whose
+    backward each fills a full-size tensor.
+    """
     T, d = elems[0].shape[1], 1
     while d < T:
-        later = tuple(x[:, d:] for x in elems)
-        earlier = tuple(x[:, :-d] for x in elems)
-        combined = combine(earlier, later)
-        elems = tuple(torch.cat([x[:, :d], c], 1) for x, c in zip(elems, combined))
+        if identity is not None:
+            shift = lambda x, v: F.pad(x, [0, 0] * (x.dim() - 2) + [d, -d], value=v)  # noqa: E731
+            elems = tuple(combine(tuple(shift(x, v) for x, v in zip(elems, identity)), elems))
+        else:
+            later = tuple(x[:, d:] for x in elems)
+            earlier = tuple(x[:, :-d] for x in elems)
+            combined = combine(earlier, later)
+            elems = tuple(torch.cat([x[:, :d], c], 1) for x, c in zip(elems, combined))
         d *= 2
     return elems
 
@@ -41,24 +52,25 @@ def _unchunk(x, T):
     return x.flatten(1, 2)[:, :T]
 
 
-def chunk_prefixes(totals, combine):
+def chunk_prefixes(totals, combine, identity=None):
     """Exclusive scan over chunks: for chunk j >= 1 the composition of chunks 0..j-1, as (B, N-1, 1, ...)."""
-    return tuple(p[:, :-1].unsqueeze(2) for p in hillis_steele(totals, combine))
+    return tuple(p[:, :-1].unsqueeze(2) for p in hillis_steele(totals, combine, identity))
 
 
-def chunked_scan(elems, combine, states_only=False, chunk=CHUNK):
+def chunked_scan(elems, combine, states_only=False, chunk=CHUNK, identity=None):
     """The same inclusive scan as hillis_steele, in log2(chunk) full-size rounds plus one composition.
 
     states_only: return (None, B) and skip the transition products of the final composition.
+    identity: as in hillis_steele.
     """
     T = elems[0].shape[1]
     if T <= chunk:
-        return hillis_steele(elems, combine)
+        return hillis_steele(elems, combine, identity)
     parts = [_chunks(x, chunk) for x in elems]
     B, N = parts[0].shape[:2]
-    local = hillis_steele(tuple(x.flatten(0, 1) for x in parts), combine)
+    local = hillis_steele(tuple(x.flatten(0, 1) for x in parts), combine, identity)
     local = tuple(x.reshape(B, N, *x.shape[1:]) for x in local)
-    before = chunk_prefixes(tuple(x[:, :, -1] for x in local), combine)
+    before = chunk_prefixes(tuple(x[:, :, -1] for x in local), combine, identity)
     rest = combine(before, tuple(x[:, 1:] for x in local), states_only)
     return tuple(None if r is None else _unchunk(torch.cat([x[:, :1], r], 1), T) for x, r in zip(local, rest))
 
@@ -92,15 +104,18 @@ def _fold_h0(first_step, b, h0):
     return b if h0 is None else torch.cat([first_step(_acc(h0)) + b[:, :1], b[:, 1:]], 1)
 
 
+SCALAR_IDENTITY = (1.0, 0.0)  # (a, b) of the step h -> h
+
+
 def linear_scan(a, b):
-    A, Bc = chunked_scan(_upcast(a, b), scalar_combine)
+    A, Bc = chunked_scan(_upcast(a, b), scalar_combine, identity=SCALAR_IDENTITY)
     return A.to(a.dtype), Bc.to(a.dtype)
 
 
 def linear_recurrence(a, b, h0=None):
     a32, b32 = _upcast(a, b)
     b32 = _fold_h0(lambda h: a32[:, :1] * h.unsqueeze(1), b32, h0)
-    return chunked_scan((a32, b32), scalar_combine, states_only=True)[1].to(a.dtype)
+    return chunked_scan((a32, b32), scalar_combine, states_only=True, identity=SCALAR_IDENTITY)[1].to(a.dtype)
 
 
 def parallel_scan_log(log_coeffs, log_values):

@@ -213,3 +213,18 @@ def test_nan_propagates():
     b[0, 2, 0] = float("nan")
     _, Bc = mingru.linear_scan(a, b)
     assert Bc[0, :2].isfinite().all() and Bc[0, 2:, 0].isnan().all() and Bc[0, :, 1].isfinite().all()
+
+
+@pytest.mark.parametrize("T", [1, 5, 16, 17, 100])
+def test_identity_padding_rounds_equal_the_slicing_rounds(T):
+    """hillis_steele/chunked_scan with the scalar identity give the same values and gradients, bit for bit."""
+    gen = torch.Generator().manual_seed(T)
+    a, b = torch.randn(2, T, 3, generator=gen), torch.randn(2, T, 3, generator=gen)
+    results = []
+    for identity in (None, scans.SCALAR_IDENTITY):
+        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+        A, Bc = scans.chunked_scan((x, y), scans.scalar_combine, identity=identity)
+        (A * 2 + Bc).sum().backward()
+        results.append((A, Bc, x.grad, y.grad))
+    for old, new in zip(*results):
+        assert torch.equal(old, new)
