@@ -1,9 +1,10 @@
-"""The cases of the differential test against mingru-scans 0.2.0, and the script that runs them.
+"""The cases of the differential tests against mingru-scans 0.2.0, and the script that runs them.
 
 `python tests/seedrun.py SEED_DIR OUT` imports the published package from SEED_DIR (it is also
 called `mingru`, so it runs in its own process), builds every case with a fixed seed, and saves
-the state_dict, inputs, outputs and gradients of each to OUT with torch.save. `run_case` is
-shared with the test, which repeats each case on our package from the saved state_dict.
+the state_dict, inputs, outputs and gradients of each to OUT with torch.save. `run_case` and
+`run_delta` are shared with the tests (the `seed_results` fixture), which repeat each case on our
+package from the saved state_dict.
 """
 import os
 import sys
@@ -45,6 +46,53 @@ STACK_CASES = {
     "stack-delta": ({"mixer": "delta", "mixer_kwargs": {"n_heads": 2, "nh": 2, "chunk_size": 4,
                                                         "decay": "fixed"}}, "BT"),
 }
+
+
+# DeltaMinGRU with an explicit h_0 and a cotangent on the returned state: forward (return_state=True)
+# and backward, then a step loop from h_0. NaN and negative gaps in delta_t are cleaned to 0 (the
+# seed's documented rule).
+DELTA_CASES = {
+    "deltanet-h0": dict(input_size=6, hidden_size=8, n_heads=2, chunk_size=4),
+    "deltaproduct-fixed": dict(input_size=6, hidden_size=8, n_heads=2, nh=2, chunk_size=3, decay="fixed",
+                               decay_rate=0.5),
+    "dk3-dv5-nobias-learnable-log1p": dict(input_size=6, hidden_size=6, n_heads=3, d_k=3, d_v=5, bias=False,
+                                           decay="learnable", log1p_delta=True),
+}
+
+
+def delta_inputs(name):
+    """x, h_0, delta_t and the cotangents of DELTA_CASES[name], seeded by its position."""
+    kwargs = DELTA_CASES[name]
+    g = torch.Generator().manual_seed(list(DELTA_CASES).index(name))
+    B_, T_ = 2, 10
+    n_heads = kwargs["n_heads"]
+    d_k = kwargs.get("d_k", kwargs["hidden_size"] // n_heads)
+    state = n_heads * d_k * kwargs.get("d_v", d_k)
+    delta_t = None
+    if kwargs.get("decay"):
+        delta_t = 2 * torch.rand(B_, T_, generator=g)
+        delta_t[0, 3], delta_t[1, 6] = float("nan"), -1.0
+    return dict(x=torch.randn(B_, T_, kwargs["input_size"], generator=g),
+                h_0=0.3 * torch.randn(B_, 1, state, generator=g), delta_t=delta_t,
+                gy=torch.randn(B_, T_, kwargs["hidden_size"], generator=g),
+                gh=torch.randn(B_, 1, state, generator=g))
+
+
+def run_delta(module, case):
+    """Outputs, state and gradients of the forward, and the step loop's outputs and last state."""
+    x = case["x"].clone().requires_grad_()
+    module.zero_grad()
+    y, h = module(x, h_0=case["h_0"], delta_t=case["delta_t"], return_state=True)
+    ((y * case["gy"]).sum() + (h * case["gh"]).sum()).backward()
+    res = {"y": y.detach(), "h": h.detach(), "dx": x.grad}
+    res.update({"d." + n: p.grad for n, p in module.named_parameters()})
+    with torch.no_grad():
+        h_t, ys = case["h_0"][:, 0], []
+        for t in range(x.shape[1]):
+            y_t, h_t = module.step(x[:, t].detach(), h_t, None if case["delta_t"] is None else case["delta_t"][:, t])
+            ys.append(y_t)
+    res.update(y_step=torch.stack(ys, 1), h_step=h_t)
+    return res
 
 
 def make_inputs(kind, dtype, gen):
@@ -119,6 +167,10 @@ def main(seed_dir, out):
         module, (x, w, dt) = build(mingru, name)
         saved[name] = {"state_dict": module.state_dict(), "x": x, "w": w, "dt": dt,
                        **run_case(module, x, w, dt, name in STACK_CASES)}
+    for name, kwargs in DELTA_CASES.items():
+        torch.manual_seed(0)
+        module = mingru.DeltaMinGRU(**kwargs)
+        saved["delta:" + name] = {"state_dict": module.state_dict(), **run_delta(module, delta_inputs(name))}
     torch.save(saved, out)
 
 

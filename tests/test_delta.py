@@ -1,20 +1,15 @@
 """DeltaMinGRU: the chunked WY form equals the token-by-token recurrence, chains, compiles,
 rejects bad input by name, and matches mingru-scans 0.2.0 from the same state_dict."""
 import contextlib
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gradutil import outputs_and_grads
+import seedrun
 from mingru.delta import DeltaMinGRU, delta_rule_chunked, delta_rule_recurrent
 
-SEED = Path(__file__).resolve().parents[1] / ".peers" / "mingru-scans"
 f64 = torch.float64
 
 
@@ -147,96 +142,20 @@ def test_bad_input_names_the_argument():
         delta_rule_chunked(q.long(), k, v, beta)
 
 
-# --- differential test against mingru-scans 0.2.0, run in its own interpreter --------------
+# --- differential test against mingru-scans 0.2.0 (seedrun.py runs it in its own interpreter) -----
 
-SEED_CASES = [
-    dict(input_size=6, hidden_size=8, n_heads=2, chunk_size=4),
-    dict(input_size=6, hidden_size=8, n_heads=2, nh=2, chunk_size=3, decay="fixed", decay_rate=0.5),
-    dict(input_size=6, hidden_size=6, n_heads=3, d_k=3, d_v=5, bias=False, decay="learnable",
-         log1p_delta=True),
-]
-
-SEED_SCRIPT = textwrap.dedent("""
-    import sys, warnings
-    import torch
-    sys.path.insert(0, sys.argv[1])
-    import mingru
-    assert mingru.__version__ == "0.2.0", mingru.__file__
-    warnings.simplefilter("ignore")
-    results = []
-    for case in torch.load(sys.argv[2]):
-        torch.manual_seed(0)
-        m = mingru.DeltaMinGRU(**case["kwargs"])
-        x = case["x"].clone().requires_grad_()
-        y, h = m(x, h_0=case["h_0"], delta_t=case["delta_t"], return_state=True)
-        ((y * case["gy"]).sum() + (h * case["gh"]).sum()).backward()
-        h_t, ys = case["h_0"][:, 0], []
-        for t in range(x.shape[1]):
-            dt = None if case["delta_t"] is None else case["delta_t"][:, t]
-            y_t, h_t = m.step(x[:, t].detach(), h_t, dt)
-            ys.append(y_t)
-        results.append(dict(state_dict=m.state_dict(), y=y.detach(), h=h.detach(), gx=x.grad,
-                            grads={n: p.grad for n, p in m.named_parameters()},
-                            y_step=torch.stack(ys, 1), h_step=h_t))
-    torch.save(results, sys.argv[3])
-""")
-
-
-def _seed_case(kwargs, seed):
-    g = torch.Generator().manual_seed(seed)
-    B, T = 2, 10
-    n_heads = kwargs["n_heads"]
-    d_k = kwargs.get("d_k", kwargs["hidden_size"] // n_heads)
-    state = n_heads * d_k * kwargs.get("d_v", d_k)
-    delta_t = None
-    if kwargs.get("decay"):
-        delta_t = 2 * torch.rand(B, T, generator=g)
-        delta_t[0, 3], delta_t[1, 6] = float("nan"), -1.0   # cleaned to 0, as the seed documents
-    return dict(kwargs=kwargs, x=torch.randn(B, T, kwargs["input_size"], generator=g),
-                h_0=0.3 * torch.randn(B, 1, state, generator=g), delta_t=delta_t,
-                gy=torch.randn(B, T, kwargs["hidden_size"], generator=g),
-                gh=torch.randn(B, 1, state, generator=g))
-
-
-@pytest.fixture(scope="module")
-def seed_results(tmp_path_factory):
-    if not (SEED / "mingru" / "min_gru.py").is_file():
-        pytest.skip(f"mingru-scans 0.2.0 is not unpacked at {SEED} (run `make peers`)")
-    tmp = tmp_path_factory.mktemp("seed")
-    cases = [_seed_case(kw, i) for i, kw in enumerate(SEED_CASES)]
-    torch.save(cases, tmp / "cases.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MINGRU_SCAN": "eager"}
-    run = subprocess.run([sys.executable, "-c", SEED_SCRIPT, str(SEED), str(tmp / "cases.pt"),
-                          str(tmp / "seed.pt")], cwd=tmp, env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return cases, torch.load(tmp / "seed.pt")
-
-
-@pytest.mark.parametrize("index", range(len(SEED_CASES)), ids=["deltanet-h0", "deltaproduct-fixed",
-                                                               "dk3-dv5-nobias-learnable-log1p"])
-def test_matches_seed_from_its_state_dict(seed_results, index):
-    cases, results = seed_results
-    case, seed = cases[index], results[index]
+@pytest.mark.parametrize("name", list(seedrun.DELTA_CASES))
+def test_matches_seed_from_its_state_dict(seed_results, name):
+    seed = seed_results["delta:" + name]
     torch.manual_seed(0)                                   # as the seed's run did
-    m = DeltaMinGRU(**case["kwargs"])
-    for name, value in m.state_dict().items():
-        torch.testing.assert_close(value, seed["state_dict"][name], rtol=0, atol=0, msg=name)
+    m = DeltaMinGRU(**seedrun.DELTA_CASES[name])
+    for key, value in m.state_dict().items():
+        torch.testing.assert_close(value, seed["state_dict"][key], rtol=0, atol=0, msg=key)
     m.load_state_dict(seed["state_dict"], strict=True)
-    x = case["x"].clone().requires_grad_()
+    case = seedrun.delta_inputs(name)
     with pytest.warns(UserWarning, match="delta_t") if case["delta_t"] is not None else contextlib.nullcontext():
-        y, h = m(x, h_0=case["h_0"], delta_t=case["delta_t"], return_state=True)
-    ((y * case["gy"]).sum() + (h * case["gh"]).sum()).backward()
-    close = dict(rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(y, seed["y"], **close)
-    torch.testing.assert_close(h, seed["h"], **close)
-    torch.testing.assert_close(x.grad, seed["gx"], **close)
-    for name, p in m.named_parameters():
-        torch.testing.assert_close(p.grad, seed["grads"][name], **close, msg=name)
-    h_t, ys = case["h_0"][:, 0], []
-    for t in range(x.shape[1]):
-        y_t, h_t = m.step(x[:, t].detach(), h_t, None if case["delta_t"] is None else case["delta_t"][:, t])
-        ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), seed["y_step"], **close)
-    torch.testing.assert_close(h_t, seed["h_step"], **close)
+        ours = seedrun.run_delta(m, case)
+    assert ours.keys() == seed.keys() - {"state_dict"}
+    for key, value in ours.items():
+        torch.testing.assert_close(value, seed[key], rtol=1e-4, atol=1e-5, msg=key)
 

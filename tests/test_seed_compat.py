@@ -4,11 +4,7 @@ The published package runs once, in a subprocess (it is also called `mingru`), o
 of seedrun.py; each case is then rebuilt here from its saved state_dict (strict) and must give
 the same forward outputs, gradients, chained forward and step loop.
 """
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,21 +12,7 @@ import torch
 import mingru
 import seedrun
 
-ROOT = Path(__file__).resolve().parents[1]
-SEED_DIR = ROOT / ".peers" / "mingru-scans"
 CASES = [*seedrun.MIXER_CASES, *seedrun.STACK_CASES]
-
-
-@pytest.fixture(scope="module")
-def seed_results(tmp_path_factory):
-    if not (SEED_DIR / "mingru" / "min_gru.py").exists():
-        pytest.skip(f"mingru-scans 0.2.0 is not unpacked in {SEED_DIR} (run `make peers`)")
-    out = tmp_path_factory.mktemp("seed") / "seed.pt"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("seedrun.py")), str(SEED_DIR),
-                           str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=False)
 
 
 def _need_delta(name):
