@@ -161,10 +161,12 @@ def main(argv=None):
               f"committed {RESULTS}.", flush=True)
     record, start = [], time.monotonic()
     env = None
-    # after every harness the record so far is written (complete: false), so a run stopped from
-    # outside still says how long each finished step took
-    progress = lambda: write_record(results_dir, record, time.monotonic() - start, cache, env, keys, smoke,  # noqa: E731
-                                    complete=False)
+
+    def progress():
+        """After every harness the record so far is written (complete: false), so a run stopped
+        from outside still says how long each finished step took."""
+        write_record(results_dir, record, time.monotonic() - start, cache, env, keys, smoke, complete=False)
+
     if harnesses:
         import torch
 
@@ -173,8 +175,7 @@ def main(argv=None):
             os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels through the interpreter on CPU tensors
         env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
         if not smoke:
-            from mingru import bench
-            timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(bench, harnesses, env), record)
+            timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(harnesses, env), record)
             progress()
     for name in harnesses:
         if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
@@ -208,8 +209,9 @@ def main(argv=None):
     return 0
 
 
-def compile_ahead(bench, harnesses, env):
+def compile_ahead(harnesses, env):
     """The run-wide compile pool, and where its worker time went, per harness function."""
+    from mingru import bench
     from mingru.bench import warm
     seconds = bench.compile_ahead(harnesses, env=env)
     spent = ", ".join(f"{target.split(':')[0].rsplit('.', 1)[-1]} {s:.0f}" for target, s in

@@ -82,19 +82,14 @@ def compile_plan(device, quick, env, keep=lambda name: True):
     return "mingru.bench.layer:step_row", warm_cases(entries, todo, device, 1 if quick else 3, quick)
 
 
-def seed_jobs(device, quick, reps, keep=lambda name: True):
-    """The jobs this harness hands the seed's process: its MinGRU at every shape."""
-    return [seed.module_job("MinGRU", B, T, d, reps=reps, memory=reps > 0)
-            for B, T, d in (QUICK_SHAPES if quick else SHAPES) if keep("seed MinGRU (auto)")]
-
-
 def measure(device, quick, env, keep=lambda name: True):
     reps = 1 if quick else 3
     shapes = QUICK_SHAPES if quick else SHAPES
     entries = {k: v for k, v in competitors(quick).items() if keep(k)}
     rows = []
     if keep("seed MinGRU (auto)"):
-        theirs, version = seed.run_seed(seed_jobs(device, quick, reps), device)
+        theirs, version = seed.run_seed([seed.module_job("MinGRU", B, T, d, reps=reps) for B, T, d in shapes],
+                                        device)
         for (B, T, d), got in zip(shapes, theirs or [{"status": version}] * len(shapes)):
             rows.append({"competitor": "seed MinGRU (auto)", "B": B, "T": T, "d": d, **_cols(got)})
     todo = [(name, shape) for shape in shapes for name in entries]

@@ -73,7 +73,7 @@ def op_job(op, dims, dtype, direction, device, reps):
     cpu = lambda xs: tuple(None if x is None else x.detach().cpu() for x in xs)  # noqa: E731
     return {"kind": "op", "name": op, "direction": direction, "inputs": cpu(inputs),
             "cot": cpu(c.to(getattr(torch, dtype)) for c in cot), "want_out": cpu(outs), "want_grads": cpu(grads),
-            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": reps > 0}
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True}
 
 
 def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True, seed=0):
@@ -81,7 +81,7 @@ def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True,
     gen = torch.Generator().manual_seed(seed)
     return {"kind": "module", "name": name, "args": (d, d), "kwargs": {}, "dtype": dtype, "mode": mode,
             "x": torch.randn(B, T, d, generator=gen).to(getattr(torch, dtype)), "seed": seed,
-            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": reps > 0, "memory": memory}
+            "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True, "memory": memory}
 
 
 def ours(job, device):
@@ -142,7 +142,7 @@ def _todo(quick, keep):
 
 def _jobs(todo, mixers, device, reps):
     # mixers first: a sweep cut short by its time budget leaves out op rows, which repeat across dtypes
-    jobs = [module_job(m, B, T, d, reps=reps, memory=reps > 0) for m, B, T, d in mixers]
+    jobs = [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
     return jobs + [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
 
 
