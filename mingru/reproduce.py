@@ -214,14 +214,14 @@ def compile_ahead(harnesses, env):
     from mingru import bench
     from mingru.bench import warm
     seconds = bench.compile_ahead(harnesses, env=env)
-    spent = ", ".join(f"{target.split(':')[0].rsplit('.', 1)[-1]} {s:.0f}" for target, s in
-                      sorted(warm.SPENT.items(), key=lambda kv: -kv[1]))
-    print(f"   {seconds:.0f} s in the pool; worker seconds by harness: {spent or 'none'}", flush=True)
+    spent = ", ".join(f"{target.rsplit('.', 1)[-1]} {s:.0f} (longest call {warm.LONGEST[target]:.0f})"
+                      for target, s in sorted(warm.SPENT.items(), key=lambda kv: -kv[1]))
+    print(f"   {seconds:.0f} s in the pool; worker seconds by harness function: {spent or 'none'}", flush=True)
 
 
 def write_record(results_dir, record, total, cache, env, keys, smoke, complete=True):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
-    and the worker seconds of the compile pools per harness function."""
+    and the worker seconds of the compile pools per harness function (and each one's longest call)."""
     from mingru.bench import env as environment
     from mingru.bench import warm
     commit, dirty = environment.git_state()
@@ -229,7 +229,8 @@ def write_record(results_dir, record, total, cache, env, keys, smoke, complete=T
             "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
             "smoke": smoke, "triton_cache": cache, "chapters": keys, "complete": complete,
             "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record,
-            "compile_worker_s": {target: round(s, 1) for target, s in sorted(warm.SPENT.items())}}
+            "compile_worker_s": {target: round(s, 1) for target, s in sorted(warm.SPENT.items())},
+            "compile_longest_call_s": {target: round(s, 1) for target, s in sorted(warm.LONGEST.items())}}
     path = Path(results_dir) / "reproduce.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")

@@ -147,11 +147,13 @@ def test_compile_plans_name_an_importable_target_and_pickle(name):
 
     module = importlib.import_module(f"mingru.bench.{name}")
     env = {"triton_interpret": False, "smoke": False, "device": "cuda"}
-    target, cases_ = module.compile_plan(torch.device("cuda"), False, env)
-    mod, _, fn = target.partition(":")
-    assert callable(getattr(importlib.import_module(mod), fn))
-    assert cases_ or name == "peers"  # peers: none without their unpacked libraries
-    assert all(pickle.loads(pickle.dumps(c)) == c for c in cases_)
+    plans = module.compile_plan(torch.device("cuda"), False, env)
+    assert plans
+    for target, cases_ in plans:
+        mod, _, fn = target.partition(":")
+        assert callable(getattr(importlib.import_module(mod), fn))
+        assert cases_ or name == "peers" or target.endswith("warm_seed")  # none without the unpacked peers
+        assert all(pickle.loads(pickle.dumps(c)) == c for c in cases_)
 
 
 def test_one_pool_for_several_harnesses_marks_their_targets_done(tmp_path):

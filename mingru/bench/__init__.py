@@ -110,7 +110,7 @@ def compile_ahead(names, quick=False, env=None, workers=None):
     # torch.compile'd layers take the longest per case: dealt first, they start on separate workers
     order = sorted(names, key=lambda name: name != "layer")
     modules = [_module(name) for name in order if name not in CPU_HARNESSES]
-    plans = [m.compile_plan(device, quick, env) for m in modules if hasattr(m, "compile_plan")]
+    plans = [plan for m in modules if hasattr(m, "compile_plan") for plan in m.compile_plan(device, quick, env)]
     return warm.warm_all(plans, workers)
 
 

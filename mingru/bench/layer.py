@@ -76,10 +76,10 @@ def step_row(name, B, T, d, device, reps, quick=False):
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """(target, cases) that the compile pool runs once before the sweep: the compiled competitors."""
+    """[(target, cases)] that the compile pool runs once before the sweep: the compiled competitors."""
     entries = {k: v for k, v in competitors(quick).items() if keep(k)}
     todo = [(name, shape) for shape in (QUICK_SHAPES if quick else SHAPES) for name in entries]
-    return "mingru.bench.layer:step_row", warm_cases(entries, todo, device, 1 if quick else 3, quick)
+    return [("mingru.bench.layer:step_row", warm_cases(entries, todo, device, 1 if quick else 3, quick))]
 
 
 def measure(device, quick, env, keep=lambda name: True):
@@ -93,7 +93,7 @@ def measure(device, quick, env, keep=lambda name: True):
         for (B, T, d), got in zip(shapes, theirs or [{"status": version}] * len(shapes)):
             rows.append({"competitor": "seed MinGRU (auto)", "B": B, "T": T, "d": d, **_cols(got)})
     todo = [(name, shape) for shape in shapes for name in entries]
-    WARM["seconds"] = warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
+    WARM["seconds"] = warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     for name, (B, T, d) in Sweep("layer", todo, lambda c: f"{c[0]} B{c[1][0]}-T{c[1][1]}-d{c[1][2]}"):
         entry = entries[name]
         start = time.monotonic()

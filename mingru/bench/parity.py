@@ -147,13 +147,13 @@ def _todo(device, quick, env, keep):
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """(target, cases) that the compile pool runs once before the sweep: every row's kernels."""
-    return "mingru.bench.parity:compile_case", [(*c, device) for c in _todo(device, quick, env, keep)]
+    """[(target, cases)] that the compile pool runs once before the sweep: every row's kernels."""
+    return [("mingru.bench.parity:compile_case", [(*c, device) for c in _todo(device, quick, env, keep)])]
 
 
 def measure(device, quick, env, keep=lambda name: True):
     cases_ = _todo(device, quick, env, keep)
-    WARM["seconds"] = warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
+    WARM["seconds"] = warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     rows = []
     for name, dims, dtype in Sweep("parity", cases_, lambda c: f"{c[0]} {cases.label(c[1])} {c[2]}"):
         rows.append(check(name, dims, dtype, device))

@@ -175,12 +175,12 @@ def _todo(quick, keep):
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """(target, cases) that the compile pool runs once before the sweep: every peer's kernels
+    """[(target, cases)] that the compile pool runs once before the sweep: every peer's kernels
     (fla autotunes its block sizes on first use)."""
     if not cases.kernels_run(device, env):
-        return "mingru.bench.peers:warm_race", []
+        return [("mingru.bench.peers:warm_race", [])]
     present = {k for k, v in {**competitors(), **delta_competitors()}.items() if v[0] is not None}
-    return "mingru.bench.peers:warm_race", [(n, s, device, quick) for n, s, _ in _todo(quick, keep) if n in present]
+    return [("mingru.bench.peers:warm_race", [(n, s, device, quick) for n, s, _ in _todo(quick, keep) if n in present])]
 
 
 def measure(device, quick, env, keep=lambda name: True):

@@ -72,9 +72,9 @@ def errors(ks=KS, B=16, T=256, n=8, device="cuda", time_it=True, keep=lambda nam
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """(target, cases) that the compile pool runs once before the sweep: each k's IEEE and TF32 variants."""
+    """[(target, cases)] that the compile pool runs once before the sweep: each k's IEEE and TF32 variants."""
     B, T, n = QUICK_SHAPE if quick else SHAPE
-    return "mingru.bench.precision:errors", [((k,), B, T, n, device, False) for k in (QUICK_KS if quick else KS)]
+    return [("mingru.bench.precision:errors", [((k,), B, T, n, device, False) for k in (QUICK_KS if quick else KS)])]
 
 
 def measure(device, quick, env, keep=lambda name: True):

@@ -115,13 +115,14 @@ def _todo(quick, keep):
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """(target, cases) that the compile pool runs once before the sweep: every subject."""
+    """[(target, cases)] that the compile pool runs once before the sweep: every subject."""
     backend = compile_backend(device)
-    return "mingru.bench.speed:measure_subject", [(n, d, s, device, quick, env, backend) for n, d, s in _todo(quick, keep)]
+    return [("mingru.bench.speed:measure_subject",
+             [(n, d, s, device, quick, env, backend) for n, d, s in _todo(quick, keep)])]
 
 
 def measure(device, quick, env, keep=lambda name: True):
-    WARM["seconds"] = warm.warm(*compile_plan(device, quick, env, keep), warm.default_workers(device))
+    WARM["seconds"] = warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     backend = compile_backend(device)
     rows = []
     for name, dims, shape in Sweep("speed", _todo(quick, keep), lambda c: f"{c[0]} {cases.label(c[1])}"):

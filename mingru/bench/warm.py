@@ -3,8 +3,8 @@ every kernel variant before the main process measures.
 
 Triton compiles a kernel in the process that first launches it, one variant after another; a
 sweep over block sizes and dtypes spends most of a cold run compiling. Workers (fresh processes,
-one CUDA context each) compile disjoint slices of the cases at once; the main process then loads
-the compiled kernels from the cache. Results of the workers are discarded: only the main process's
+one CUDA context each) take the cases one at a time and compile them side by side; the main
+process then loads the compiled kernels from the cache. Results of the workers are discarded: only the main process's
 measurements are recorded.
 
 A harness warms its own cases when it starts (`warm`); a full run instead compiles every harness's
@@ -20,6 +20,7 @@ import time
 WORKERS_ENV = "MINGRU_BENCH_WORKERS"
 DONE = set()  # targets whose cases a run-wide pool (warm_all) already compiled in this process
 SPENT = {}  # target -> worker seconds its calls took in the last pool that ran it (where a cold run's time goes)
+LONGEST = {}  # target -> its longest single call in that pool (what bounds the pool from below)
 
 
 def default_workers(device):
@@ -32,35 +33,36 @@ def default_workers(device):
     return max(0, min(16, os.cpu_count() or 2))
 
 
-def _run_slice(calls):
-    """Run the calls in this worker; return (target, seconds) per call."""
-    spent = []
-    for target, case in calls:
-        module, _, name = target.partition(":")
-        start = time.monotonic()
-        try:
-            getattr(importlib.import_module(module), name)(*case)
-        except Exception:  # noqa: BLE001  (the main process measures the case again and reports it)
-            pass
-        spent.append((target, time.monotonic() - start))
-    return spent
+def _run_call(target, case):
+    """Run one call in this worker; return the seconds it took."""
+    module, _, name = target.partition(":")
+    start = time.monotonic()
+    try:
+        getattr(importlib.import_module(module), name)(*case)
+    except Exception:  # noqa: BLE001  (the main process measures the case again and reports it)
+        pass
+    return time.monotonic() - start
 
 
 def _pool(calls, workers):
-    """Run (target, case) calls across `workers` spawned processes, dealt round-robin so that each
-    worker gets a mix of variants; return the seconds spent (and add each target's worker seconds to
-    SPENT)."""
+    """Run (target, case) calls across `workers` spawned processes; return the seconds spent (and
+    add each target's worker seconds to SPENT, its longest call to LONGEST).
+
+    Calls are handed out one at a time, in the given order, to whichever worker is free, so the
+    pool ends soon after its longest call when that call is listed first (a static split would
+    leave some workers idle while one works through its share)."""
     start = time.monotonic()
-    slices = [calls[i::workers] for i in range(min(workers, len(calls)))]
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     # torch.compile inside a worker compiles in that worker alone, not in a pool of its own per worker
     old = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:
-        with concurrent.futures.ProcessPoolExecutor(len(slices), mp_context=context) as pool:
-            for spent in pool.map(_run_slice, slices):
-                for target, seconds in spent:
-                    SPENT[target] = SPENT.get(target, 0.0) + seconds
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context) as pool:
+            futures = [(target, pool.submit(_run_call, target, case)) for target, case in calls]
+            for target, future in futures:
+                seconds = future.result()
+                SPENT[target] = SPENT.get(target, 0.0) + seconds
+                LONGEST[target] = max(LONGEST.get(target, 0.0), seconds)
     finally:
         if old is None:
             os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS")
@@ -76,7 +78,13 @@ def warm(target, cases, workers):
     if target in DONE or workers < 2 or len(cases) < 2:
         return 0.0
     SPENT.pop(target, None)
+    LONGEST.pop(target, None)
     return _pool([(target, case) for case in cases], workers)
+
+
+def warm_plans(plans, workers):
+    """`warm` for each (target, cases) of a harness's compile plan; the seconds spent in all."""
+    return sum(warm(target, cases, workers) for target, cases in plans)
 
 
 def warm_all(plans, workers):
@@ -88,6 +96,7 @@ def warm_all(plans, workers):
         return 0.0
     for target, _ in plans:
         SPENT.pop(target, None)
+        LONGEST.pop(target, None)
     seconds = _pool(calls, workers)
     DONE.update(target for target, _ in plans)
     return seconds
