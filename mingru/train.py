@@ -179,6 +179,70 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     return run
 
 
+@dataclass(frozen=True)
+class Demo:
+    """The sizes of the chapter that trains every mixer in a TinyLM ("Using the mixers").
+
+    `kernel_*` are the runs that compare MINGRU_SCAN=eager with triton, or Givens' two paths: on a
+    CPU the interpreter runs those kernels in Python, so they get a smaller model there.
+    """
+    task: SelectiveCopy
+    model: dict
+    batch: int
+    steps: int
+    kernel_model: dict
+    kernel_batch: int
+    kernel_steps: int
+
+    @property
+    def chunk(self):
+        """The truncated-backprop chunk: a third of a sequence, so the markers sit in the last chunk."""
+        return self.task.length // 3
+
+
+DEMO_MIXERS = ("log", "signed", "rotation", "givens", "delta")
+DEMO_MIXER_KWARGS = {"givens": dict(block_size=8, rounds=3)}
+
+
+def demo(on_gpu):
+    """The chapter's sizes: a GPU's, or tiny ones that the interpreter trains in seconds."""
+    if on_gpu:
+        model = dict(d_model=128, n_layers=4)
+        return Demo(SelectiveCopy(seq_len=256, n_data=8, vocab=16), model, 64, 150, model, 64, 100)
+    return Demo(SelectiveCopy(seq_len=16, n_data=2, vocab=6), dict(d_model=32, n_layers=2), 32, 40,
+                dict(d_model=16, n_layers=1), 2, 6)
+
+
+def demo_runs(device):
+    """(kind, arg, device) for each of the chapter's GPU runs that compiles something: what the
+    compile pool of `make reproduce` runs ahead (`warm_run`), longest first."""
+    runs = [("compiled", None), *[("mixer", m) for m in DEMO_MIXERS], ("scan", "triton"),
+            ("givens", True), ("givens", False), ("bfloat16", None), ("tbptt", None)]
+    return [(kind, arg, str(device)) for kind, arg in runs]
+
+
+def warm_run(kind, arg, device):
+    """Two steps of one of the chapter's GPU runs (`demo_runs`), results discarded: the kernels it
+    launches land in Triton's on-disk cache and the compiled model's graphs in inductor's FX graph
+    cache, which the chapter then reads instead of compiling."""
+    d = demo(True)
+    model, batch, scan, tbptt = d.model, d.batch, None, None
+    mixer = arg if kind == "mixer" else "log"
+    kwargs = DEMO_MIXER_KWARGS.get(mixer)
+    if kind in ("scan", "givens"):  # the runs through MINGRU_SCAN=triton at the kernel sizes
+        model, batch, scan = d.kernel_model, d.kernel_batch, "triton"
+    if kind == "givens":
+        mixer, kwargs = "givens", dict(DEMO_MIXER_KWARGS["givens"], fused=arg)
+    net = build(d.task, 0, device, mixer=mixer, mixer_kwargs=kwargs, **model)
+    if kind == "bfloat16":
+        net = net.to(torch.bfloat16)
+    elif kind == "compiled":
+        net, scan = torch.compile(net, backend="inductor"), "triton"
+    elif kind == "tbptt":
+        tbptt = d.chunk
+    train(net, d.task, 2, batch, scan=scan, tbptt=tbptt)
+
+
 def loss_figure(curves, title):
     """One axis of loss per optimizer step, a line per label in `curves` ({label: TrainRun or list})."""
     import matplotlib.pyplot as plt

@@ -225,3 +225,17 @@ def test_pools_record_worker_seconds_per_target(tmp_path):
     finally:
         warm.DONE.clear()
         warm.SPENT.clear()
+
+
+def test_compile_ahead_deals_the_longest_kinds_of_call_first(monkeypatch):
+    """The pool hands out calls in plan order: inductor compiles and the seed's processes go before
+    the many short kernel checks, whatever order the harnesses were named in."""
+    from mingru import bench
+    got = []
+    monkeypatch.setattr(warm, "warm_all", lambda plans, workers: got.extend(t for t, _ in plans) or 1.0)
+    env = {"triton_interpret": True, "smoke": True, "device": "cpu"}
+    extra = [("mingru.train:warm_run", [("mixer", "log", "cpu")])]
+    bench.compile_ahead(["parity", "precision", "seed", "layer"], quick=True, env=env, workers=2, extra=extra)
+    assert got[:3] == ["mingru.bench.layer:step_row", "mingru.train:warm_run", "mingru.bench.seed:warm_seed"]
+    assert got[-1] == "mingru.bench.parity:compile_case"
+    assert got.index("mingru.bench.precision:errors") < got.index("mingru.bench.seed:warm_ours")

@@ -82,3 +82,29 @@ def test_forward_chunks_and_train_reject_bad_arguments():
         tr.forward_chunks(model, torch.zeros(1, 4, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="steps"):
         tr.train(model, TASK, steps=1, batch=2)
+
+
+def test_the_compile_pool_warms_the_runs_the_chapter_trains(monkeypatch):
+    """warm_run builds what chapter 7 builds for each of its runs (the sizes come from tr.demo, which
+    the notebook reads too) and trains it two steps; demo_runs' cases pickle for spawned workers."""
+    import pickle
+    seen = []
+    monkeypatch.setattr(tr, "demo", lambda on_gpu: tr.Demo(tr.SelectiveCopy(seq_len=8, n_data=2, vocab=6),
+                                                            dict(d_model=8, n_layers=1), 2, 3,
+                                                            dict(d_model=16, n_layers=1), 1, 3))
+    monkeypatch.setattr(tr, "train", lambda net, task, steps, batch, scan=None, tbptt=None: seen.append(
+        (net, steps, batch, scan, tbptt)))
+    runs = tr.demo_runs("cpu")
+    assert pickle.loads(pickle.dumps(runs)) == runs and runs[0][0] == "compiled"
+    for case in runs:
+        tr.warm_run(*case)
+    by_kind = dict(zip([(k, a) for k, a, _ in runs], seen))
+    mixers = {a: type(by_kind[("mixer", a)][0].stack.blocks[0].mingru).__name__ for a in tr.DEMO_MIXERS}
+    assert mixers == {"log": "MinGRU", "signed": "SignedMinGRU", "rotation": "RotationMinGRU",
+                      "givens": "GivensMinGRU", "delta": "DeltaMinGRU"}
+    assert by_kind[("givens", False)][0].stack.blocks[0].mingru.fused is False
+    assert by_kind[("givens", True)][2:4] == (1, "triton")  # kernel batch, through the kernels
+    assert next(by_kind[("bfloat16", None)][0].parameters()).dtype == torch.bfloat16
+    assert by_kind[("tbptt", None)][4] == tr.demo(True).chunk
+    assert by_kind[("compiled", None)][3] == "triton" and hasattr(by_kind[("compiled", None)][0], "_orig_mod")
+    assert all(steps == 2 for _, steps, *_ in seen)

@@ -89,13 +89,20 @@ def run(which, quick=False, out=None, only=None, budgets=None, env=None):
     return paths
 
 
-def compile_ahead(names, quick=False, env=None, workers=None):
+# Plans by the time of their calls, longest first (a cold run's results/reproduce.json lists each
+# target's longest call): the pool hands calls out in this order, so it ends soon after its longest.
+POOL_ORDER = ("layer:step_row", "train:warm_run", "seed:warm_seed", "peers:warm_race", "precision:errors",
+              "speed:measure_subject", "seed:warm_ours", "parity:compile_case")
+
+
+def compile_ahead(names, quick=False, env=None, workers=None, extra=()):
     """Compile every kernel the harnesses `names` will launch, in one pool, before any of them
     measures; return the seconds spent. Nothing is measured meanwhile, so the pool's load on the
     CPU and GPU touches no recorded number.
 
-    Harnesses that define compile_plan() contribute (target, cases); each later skips its own pool.
-    Only this package's side and the in-process peers are compiled ahead, not the seed's process.
+    Harnesses that define compile_plan() contribute [(target, cases)]; each later skips its own
+    pool. `extra`: more (target, cases), e.g. a notebook's training runs. The seed's process is
+    warmed from its own plan; the other peers run in this process.
     """
     import torch
 
@@ -107,11 +114,10 @@ def compile_ahead(names, quick=False, env=None, workers=None):
     workers = warm.default_workers(device) if workers is None else workers
     if workers < 2:
         return 0.0
-    # torch.compile'd layers take the longest per case: dealt first, they start on separate workers
-    order = sorted(names, key=lambda name: name != "layer")
-    modules = [_module(name) for name in order if name not in CPU_HARNESSES]
+    modules = [_module(name) for name in names if name not in CPU_HARNESSES]
     plans = [plan for m in modules if hasattr(m, "compile_plan") for plan in m.compile_plan(device, quick, env)]
-    return warm.warm_all(plans, workers)
+    rank = lambda plan: next((i for i, t in enumerate(POOL_ORDER) if plan[0].endswith(t)), len(POOL_ORDER))  # noqa: E731
+    return warm.warm_all(sorted([*plans, *extra], key=rank), workers)
 
 
 def _merge(path, subject, rows, keep, env):
