@@ -166,6 +166,7 @@ def test_normwise_gate_scales_with_the_largest_entry_only_when_asked():
     assert not within((want + 6,), (want,), 0.05, 0.05, normwise=True)
     assert parity.gate("linear_scan", torch.bfloat16)["grad_normwise"]
     assert not parity.gate("linear_scan", torch.float32)["grad_normwise"]
+    assert parity.gate("GivensMinGRU[fused]", torch.float32)["grad_normwise"]  # weight gradients sum B*T terms
 
 
 def test_speed_reports_a_compile_failure_and_a_wrong_kernel_as_statuses(monkeypatch):
