@@ -11,6 +11,7 @@ import argparse
 import concurrent.futures
 import datetime
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ HARNESSES = {
     "memory": ("05", 40), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
     "layout": ("02", 10), "scaling": ("08", 15), "layer_cpu": ("04", 20),
 }
+ISOLATED = ("peers",)  # harnesses that run other projects' kernels, each in a child process (run_harness)
 COMPILE_BUDGET_S = 150  # the run-wide compile pool from a cold cache (GPU runs only; not enforced: no step is cut)
 NOTEBOOK_RESERVE_S = 100  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
@@ -96,9 +98,26 @@ def plan(harnesses, notebooks, compile_first=False):
 
 
 def run_harness(name, smoke, results_dir, env):
-    """One harness into results_dir; the budgets are a GPU run's (a smoke run on a CPU is slower)."""
+    """One harness into results_dir; the budgets are a GPU run's (a smoke run on a CPU is slower).
+
+    A harness in ISOLATED runs in a spawned child process: a kernel fault (an illegal address)
+    leaves a process's CUDA context unusable, so a fault in another project's kernel fails that
+    harness alone instead of every step after it."""
+    from mingru.bench import progress
+    if name not in ISOLATED:
+        progress.SKIPPED[name] = _harness(name, smoke, results_dir, env)
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as child:
+        progress.SKIPPED[name] = child.submit(_harness, name, smoke, results_dir, env).result()
+
+
+def _harness(name, smoke, results_dir, env):
+    """Run harness `name`; return how many cases its budget left out."""
     from mingru import bench
+    from mingru.bench import progress
     bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env)
+    return progress.SKIPPED.get(name, 0)
 
 
 def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):

@@ -94,3 +94,15 @@ def test_the_record_is_written_after_each_harness(tmp_path, monkeypatch):
     assert [s["step"] for s in seen[0]["steps"]] == ["bench precision"]
     final = json.loads((tmp_path / "results" / "reproduce.json").read_text())
     assert final["complete"] is True and [s["step"] for s in final["steps"]][-1] == "notebook 03_tf32_ieee_guard"
+
+
+def test_an_isolated_harness_runs_in_a_child_and_its_failure_comes_back(tmp_path):
+    """peers runs other projects' kernels in a spawned child: its error is raised here, in the parent,
+    which stays usable (a CUDA fault in the child would leave this process's context alone)."""
+    assert "peers" in reproduce.ISOLATED
+    blocker = tmp_path / "results"
+    blocker.write_text("a file where the results folder should be")
+    env = {"device": "cpu", "smoke": True, "gpu": None}
+    with pytest.raises(FileExistsError):  # raised in the child, where the harness writes its files
+        reproduce.run_harness("peers", True, blocker, env)
+    assert blocker.read_text().startswith("a file")
