@@ -29,7 +29,7 @@ RESULTS = ROOT / "results"
 # the pool has compiled its kernels (results/reproduce.json records what each step took).
 HARNESSES = {
     "seed": ("04", 60), "speed": ("04", 30), "layer": ("04", 60), "parity": ("06", 30),
-    "memory": ("05", 40), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
+    "memory": ("05", 50), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
     "layout": ("02", 10), "scaling": ("08", 15), "layer_cpu": ("04", 20),
 }
 ISOLATED = ("peers",)  # harnesses that run other projects' kernels, each in a child process (run_harness)
