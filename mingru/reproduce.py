@@ -207,9 +207,10 @@ def main(argv=None):
                            "skipped": "deadline"})
             continue
         timed(f"bench {name}", HARNESSES[name][1], lambda: run_harness(name, smoke, results_dir, env), record)
-        if left_out(name):
-            record[-1]["left_out"] = left_out(name)
-            print(f"   {name}: its time budget left {left_out(name)} cases out (its result file says so)", flush=True)
+        cut = left_out(name)
+        if cut:
+            record[-1]["left_out"] = cut
+            print(f"   {name}: its time budget left {cut} cases out (its result file says so)", flush=True)
         progress()
     left = (lambda: max(30.0, args.deadline - (time.monotonic() - start))) if args.deadline else (lambda: None)
     # The notebooks only render results (MEASURE=False), so they run side by side, each in its own

@@ -4,8 +4,8 @@ every kernel variant before the main process measures.
 Triton compiles a kernel in the process that first launches it, one variant after another; a
 sweep over block sizes and dtypes spends most of a cold run compiling. Workers (fresh processes,
 one CUDA context each) take the cases one at a time and compile them side by side; the main
-process then loads the compiled kernels from the cache. Results of the workers are discarded: only the main process's
-measurements are recorded.
+process then loads the compiled kernels from the cache. Results of the workers are discarded: only
+the main process's measurements are recorded.
 
 A harness warms its own cases when it starts (`warm`); a full run instead compiles every harness's
 cases in one pool before anything is measured (`warm_all`), so that the pool waits for its slowest
