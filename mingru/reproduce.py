@@ -2,8 +2,9 @@
 
 On a GPU the kernels of every harness are compiled first, in one pool of worker processes, with
 nothing measured meanwhile; then every harness runs once (each with a time budget, a progress bar
-and its wall time), writing results/; then every notebook is executed in place with papermill, so results/, env.json,
-results/reproduce.json (this run's step times) and the notebooks all name one commit and one GPU.
+and its wall time), writing results/; then every notebook is executed in place with papermill while
+results/figures/ is drawn, so results/, env.json, results/reproduce.json (this run's step times) and
+the notebooks all name one commit and one GPU.
 Without a GPU (or with --smoke) the harnesses run in their --quick CPU form into a scratch folder
 and the notebooks execute there with SMOKE=True, rendering the committed results.
 """
@@ -37,6 +38,7 @@ COMPILE_BUDGET_S = 150  # the run-wide compile pool from a cold cache (GPU runs 
 NOTEBOOK_RESERVE_S = 100  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
+FIGURES_BUDGET_S = 15  # results/figures/ of every harness that ran, drawn beside the notebooks
 NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
              "03": "TF32 vs IEEE errors (the interpreter ignores input_precision)",
              "04": "speed, roofline, peer, seed and layer timings", "05": "peak CUDA memory",
@@ -93,8 +95,31 @@ def plan(harnesses, notebooks, compile_first=False):
     """The steps of this run with their budgets, printed before anything starts."""
     steps = [("compile ahead", COMPILE_BUDGET_S)] if compile_first and harnesses else []
     steps += [(f"bench {name}", HARNESSES[name][1]) for name in harnesses]
+    steps += [("figures", FIGURES_BUDGET_S)] if harnesses else []
     steps += [(f"notebook {name}", NOTEBOOK_BUDGET_S) for name in notebooks]
     return steps
+
+
+CHILDREN = {}  # ISOLATED harness -> its child process, started ahead (start_children)
+
+
+def start_children(harnesses):
+    """Spawn the child process of each ISOLATED harness in `harnesses` now and let it import torch
+    and the harnesses (nothing is measured meanwhile), so that its step starts measuring at once."""
+    context = multiprocessing.get_context("spawn")
+    for name in harnesses:
+        if name in ISOLATED and name not in CHILDREN:
+            CHILDREN[name] = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
+            CHILDREN[name].submit(_prepare, name)
+
+
+def _prepare(name):
+    import torch
+
+    from mingru import bench
+    bench._module(name)
+    if torch.cuda.is_available():
+        torch.cuda.init()
 
 
 def run_harness(name, smoke, results_dir, env):
@@ -107,8 +132,8 @@ def run_harness(name, smoke, results_dir, env):
     if name not in ISOLATED:
         progress.SKIPPED[name] = _harness(name, smoke, results_dir, env)
         return
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as child:
+    start_children([name])
+    with CHILDREN.pop(name) as child:
         progress.SKIPPED[name] = child.submit(_harness, name, smoke, results_dir, env).result()
 
 
@@ -116,8 +141,22 @@ def _harness(name, smoke, results_dir, env):
     """Run harness `name`; return how many cases its budget left out."""
     from mingru import bench
     from mingru.bench import progress
-    bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env)
+    bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env,
+              draw=False)
     return progress.SKIPPED.get(name, 0)
+
+
+def draw_figures(harnesses, results_dir):
+    """The figures of `harnesses` from their result files, in spawned processes side by side."""
+    from mingru import bench
+    from mingru.bench import plots
+    names = [bench._module(name).NAME for name in harnesses]
+    names = [name for name in names if (Path(results_dir) / f"{name}.json").exists()]  # a failed harness has none
+    if not names:
+        return []
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(4, len(names)), mp_context=context) as pool:
+        return [path for paths in pool.map(plots.draw, names, [results_dir] * len(names)) for path in paths]
 
 
 def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
@@ -197,6 +236,7 @@ def main(argv=None):
             os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels through the interpreter on CPU tensors
         env = environment.environment(torch.device("cpu" if smoke else "cuda"), smoke=smoke)
         if not smoke:
+            start_children(harnesses)
             timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(harnesses, keys, env), record)
             progress()
     for name in harnesses:
@@ -214,12 +254,15 @@ def main(argv=None):
         progress()
     left = (lambda: max(30.0, args.deadline - (time.monotonic() - start))) if args.deadline else (lambda: None)
     # The notebooks only render results (MEASURE=False), so they run side by side, each in its own
-    # kernel process; the harnesses before them ran alone, so nothing disturbed their timings.
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(keys), NOTEBOOK_WORKERS))) as pool:
-        list(pool.map(lambda key: timed(f"notebook {chapters()[key]}", NOTEBOOK_BUDGET_S,
-                                        lambda: run_notebook(key, smoke, out, args.kernel, results_dir, left()),
-                                        record),
-                      keys))
+    # kernel process, beside the drawing of the figures; the harnesses before them ran alone, so
+    # nothing disturbed their timings.
+    jobs = [lambda: timed("figures", FIGURES_BUDGET_S, lambda: draw_figures(harnesses, results_dir), record)
+            ] if harnesses else []
+    jobs += [lambda key=key: timed(f"notebook {chapters()[key]}", NOTEBOOK_BUDGET_S,
+                                   lambda: run_notebook(key, smoke, out, args.kernel, results_dir, left()), record)
+             for key in keys]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(keys), NOTEBOOK_WORKERS) + bool(harnesses))) as pool:
+        list(pool.map(lambda job: job(), jobs))
     total = time.monotonic() - start
     write_record(results_dir, record, total, cache, env, keys, smoke)
     if smoke:

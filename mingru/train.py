@@ -119,11 +119,13 @@ def forward_chunks(model, tokens, chunk, detach=True):
 
 @dataclass
 class TrainRun:
-    """Per-step losses, the final batch's accuracy, and the throughput after the warm-up steps."""
+    """Per-step losses, the final batch's accuracy, and the throughput after the warm-up steps
+    (`seconds` timed them; `warmup_s` is the time of the warm-up steps, a compiled model's compile included)."""
     losses: list = field(default_factory=list)
     accuracy: float = float("nan")
     tokens_per_s: float = float("nan")
     seconds: float = 0.0
+    warmup_s: float = 0.0
 
 
 def _sync(device):
@@ -149,10 +151,12 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     cast = (torch.autocast(device.type, dtype=autocast) if autocast is not None
             else contextlib.nullcontext())
     with dispatch.using(scan) if scan else contextlib.nullcontext():
+        begin = time.perf_counter()
         for i in range(steps):
             if i == warmup:
                 _sync(device)
                 t0 = time.perf_counter()
+                run.warmup_s = t0 - begin
             inputs, targets = (t.to(device) for t in task.batch(batch, gen))
             opt.zero_grad(set_to_none=True)
             chunk = tbptt or inputs.shape[1]

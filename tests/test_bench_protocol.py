@@ -138,7 +138,7 @@ def test_tolerance_ratio_agrees_with_within():
             assert (ratio <= 1) == within(got, want, 1e-5, 1e-4, normwise), (scale, normwise, ratio)
 
 
-@pytest.mark.parametrize("name", ["speed", "parity", "layer", "peers", "precision", "seed"])
+@pytest.mark.parametrize("name", ["speed", "parity", "layer", "peers", "precision", "seed", "memory"])
 def test_compile_plans_name_an_importable_target_and_pickle(name):
     """The compile pool spawns workers: each harness's plan names a function its workers can import,
     and every case it hands them must pickle (a lambda builder did not)."""
@@ -228,14 +228,17 @@ def test_pools_record_worker_seconds_per_target(tmp_path):
 
 
 def test_compile_ahead_deals_the_longest_kinds_of_call_first(monkeypatch):
-    """The pool hands out calls in plan order: inductor compiles and the seed's processes go before
-    the many short kernel checks, whatever order the harnesses were named in."""
+    """The pool hands out calls in plan order: the peers' autotuning, inductor compiles and the seed's
+    processes go before the many short kernel checks, whatever order the harnesses were named in, and
+    our side of the seed's cases (kernels the others compile too) goes last."""
     from mingru import bench
     got = []
     monkeypatch.setattr(warm, "warm_all", lambda plans, workers: got.extend(t for t, _ in plans) or 1.0)
     env = {"triton_interpret": True, "smoke": True, "device": "cpu"}
     extra = [("mingru.train:warm_run", [("mixer", "log", "cpu")])]
-    bench.compile_ahead(["parity", "precision", "seed", "layer"], quick=True, env=env, workers=2, extra=extra)
-    assert got[:3] == ["mingru.bench.layer:step_row", "mingru.train:warm_run", "mingru.bench.seed:warm_seed"]
-    assert got[-1] == "mingru.bench.parity:compile_case"
-    assert got.index("mingru.bench.precision:errors") < got.index("mingru.bench.seed:warm_ours")
+    bench.compile_ahead(["parity", "memory", "precision", "seed", "layer", "peers"], quick=True, env=env, workers=2,
+                        extra=extra)
+    assert got[:4] == ["mingru.bench.peers:warm_race", "mingru.train:warm_run", "mingru.bench.layer:step_row",
+                       "mingru.bench.seed:warm_seed"]
+    assert got[-2:] == ["mingru.bench.parity:compile_case", "mingru.bench.seed:warm_ours"]
+    assert got.index("mingru.bench.precision:errors") < got.index("mingru.bench.memory:compile_case")

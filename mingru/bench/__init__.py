@@ -44,11 +44,13 @@ def refusal(names, quick, out, has_gpu):
     return None
 
 
-def run(which, quick=False, out=None, only=None, budgets=None, env=None):
+def run(which, quick=False, out=None, only=None, budgets=None, env=None, draw=True):
     """Run harnesses ('all', a name, or names joined by commas); return the paths written.
 
     budgets: {harness: seconds}; past its budget a harness stops and its result says what it left out.
     env: the environment record to store (default: measured now), so one run's files share one.
+    draw: False leaves the figures to the caller (`make reproduce` draws them all at the end, beside
+    the notebooks, so no harness waits for matplotlib).
     """
     import torch
 
@@ -84,15 +86,17 @@ def run(which, quick=False, out=None, only=None, budgets=None, env=None):
         if merged:
             meta["notes"].append(f"--only {only}: merged with the other rows of earlier runs ({', '.join(merged)})")
         paths += report.write(out, module.NAME, env, rows, meta)
-        paths += plots.draw(module.NAME, out)
+        paths += plots.draw(module.NAME, out) if draw else []
         print(f"{name}: {len(rows)} rows in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return paths
 
 
 # Plans by the time of their calls, longest first (a cold run's results/reproduce.json lists each
 # target's longest call): the pool hands calls out in this order, so it ends soon after its longest.
-POOL_ORDER = ("layer:step_row", "train:warm_run", "seed:warm_seed", "peers:warm_race", "precision:errors",
-              "speed:measure_subject", "seed:warm_ours", "parity:compile_case")
+# Our side of the seed's cases goes last: by then the other harnesses have compiled most of its
+# kernels, and its calls load them from the cache.
+POOL_ORDER = ("peers:warm_race", "train:warm_run", "layer:step_row", "speed:measure_subject", "seed:warm_seed",
+              "precision:errors", "memory:compile_case", "parity:compile_case", "seed:warm_ours")
 
 
 def compile_ahead(names, quick=False, env=None, workers=None, extra=()):

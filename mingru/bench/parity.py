@@ -5,6 +5,7 @@ inputs and cotangents and gates the difference per op family; the float64 sequen
 (mingru.naive) shows how far each path is from the exact answer.
 """
 import copy
+import itertools
 
 import torch
 
@@ -148,8 +149,15 @@ def _todo(device, quick, env, keep):
 
 
 def compile_plan(device, quick, env, keep=lambda name: True):
-    """[(target, cases)] that the compile pool runs once before the sweep: every row's kernels."""
-    return [("mingru.bench.parity:compile_case", [(*c, device) for c in _todo(device, quick, env, keep)])]
+    """[(target, cases)] that the compile pool runs once before the sweep: every row's kernels,
+    dealt round-robin over (subject, dtype). Rows of one subject often share a compiled variant;
+    dealt one after another they would start side by side in several workers, each compiling it,
+    where spread out the later ones load it from the cache."""
+    groups = {}
+    for c in _todo(device, quick, env, keep):
+        groups.setdefault((c[0], c[2]), []).append((*c, device))
+    return [("mingru.bench.parity:compile_case",
+             [c for turn in itertools.zip_longest(*groups.values()) for c in turn if c is not None])]
 
 
 def measure(device, quick, env, keep=lambda name: True):

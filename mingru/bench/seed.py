@@ -2,10 +2,10 @@
 
 Ours runs in this process, the seed in a separate one (`seed_runner.py`, the seed's folder first on
 sys.path), both through the same functions on the same tensors: inputs, cotangents and float64
-references are made here and handed over in a file. Columns: wall clock (do_bench median), GPU
-clock (kernel durations from a profiler trace), peak memory for the mixers; ratios are seed / ours.
-Goal: at least 2x the seed by GPU clock and never slower by wall clock (mixers: and peak memory no
-higher). Without .peers/mingru-scans the seed's columns say "not measured".
+references (rounded to float32) are made here and handed over in a file. Columns: wall clock
+(do_bench median), GPU clock (kernel durations from a profiler trace), peak memory for the mixers;
+ratios are seed / ours. Goal: at least 2x the seed by GPU clock and never slower by wall clock
+(mixers: and peak memory no higher). Without .peers/mingru-scans the seed's columns say "not measured".
 """
 import subprocess
 import sys
@@ -62,17 +62,27 @@ def mixer_cases(quick):
     return found + ([] if quick else [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES])
 
 
-def op_job(op, dims, dtype, direction, device, reps):
-    """Inputs, cotangents and the float64 references (eager scan in float64) of one op case, on the CPU."""
+def op_reference(op, dims, dtype, device):
+    """Inputs, cotangents and float64 outputs and gradients (the eager scan in float64) of one op at
+    one shape and dtype, on the CPU. The references are rounded to float32 for the hand-over: that
+    adds at most 6e-8 relative error against gates of 1e-4 and up, and halves the file the seed reads."""
     inputs = cases.op_inputs(op, dims, getattr(torch, dtype), device)
     exact = tuple(None if x is None else x.detach().double().requires_grad_() for x in inputs)
     with timing.scan_impl("eager"):
         outs = cases.outputs(getattr(mingru.scans, op), exact)
         cot = cases.cotangents_for(outs)
-        grads = torch.autograd.grad(outs, [x for x in exact if x is not None], cot) if direction != "fwd" else ()
-    cpu = lambda xs: tuple(None if x is None else x.detach().cpu() for x in xs)  # noqa: E731
-    return {"kind": "op", "name": op, "direction": direction, "inputs": cpu(inputs),
-            "cot": cpu(c.to(getattr(torch, dtype)) for c in cot), "want_out": cpu(outs), "want_grads": cpu(grads),
+        grads = torch.autograd.grad(outs, [x for x in exact if x is not None], cot)
+    cpu = lambda xs, to=None: tuple(None if x is None else x.detach().to("cpu", to) for x in xs)  # noqa: E731
+    return {"inputs": cpu(inputs), "cot": cpu(cot, getattr(torch, dtype)), "want_out": cpu(outs, torch.float32),
+            "want_grads": cpu(grads, torch.float32)}
+
+
+def op_job(op, dims, dtype, direction, device, reps, reference=None):
+    """One op case: its `op_reference` (made here unless given: the fwd and fwd+bwd jobs of one
+    shape share theirs, and the file that carries them to the seed stores shared tensors once)."""
+    ref = reference or op_reference(op, dims, dtype, device)
+    return {"kind": "op", "name": op, "direction": direction, **ref,
+            "want_grads": ref["want_grads"] if direction != "fwd" else (),
             "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True}
 
 
@@ -143,7 +153,13 @@ def _todo(quick, keep):
 def _jobs(todo, mixers, device, reps):
     # mixers first: a sweep cut short by its time budget leaves out op rows, which repeat across dtypes
     jobs = [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
-    return jobs + [op_job(op, dims, dtype, direction, device, reps) for op, dims, _, dtype, direction in todo]
+    refs = {}
+    for op, dims, _, dtype, direction in todo:
+        key = (op, cases.label(dims), dtype)
+        if key not in refs:
+            refs[key] = op_reference(op, dims, dtype, device)
+        jobs.append(op_job(op, dims, dtype, direction, device, reps, refs[key]))
+    return jobs
 
 
 def warm_ours(kind, case, device):

@@ -4,8 +4,9 @@
 
 Run as a script, never imported: SEED_DIR goes first on sys.path so `import mingru` is the
 seed, and the measuring protocol is this package's `timing.py` loaded by file path (it imports
-torch only). JOBS.pt holds the inputs, cotangents and float64 references the main process made,
-so both sides are measured on the same tensors; each job is checked before it is timed.
+torch only). JOBS.pt holds the inputs, cotangents and references (float64 results rounded to
+float32) that the main process made, so both sides are measured on the same tensors; each job is
+checked before it is timed.
 """
 import copy
 import importlib.util
