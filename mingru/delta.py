@@ -23,6 +23,7 @@ from torch import nn
 
 from mingru import scans
 from mingru.decay import DecayMixin
+from mingru.dispatch import dispatch
 from mingru.validate import data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
@@ -107,9 +108,10 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     (None: no decay); h_0 (B,H,d_k,d_v) defaults to zeros. The readout is y_t = H_t^T q_t with no
     scale, and k is used as given (the mixer L2-normalizes it). chunk_size changes only rounding;
     padded tokens carry beta = 0 and gamma = 1, the identity. Half-precision inputs are computed
-    in float32 and the results cast back. `across` picks how the chunk-to-chunk affine maps are
-    chained: "loop" (one batched matmul a chunk) or "scan" (log-depth doubling, more arithmetic
-    in fewer, larger launches).
+    in float32 and the results cast back. The UT transform and the chaining of the chunk-to-chunk
+    affine maps go through the dispatch seam (`unit_lower_solve`, `matrix_recurrence`): Triton
+    kernels on CUDA where MINGRU_SCAN allows. `across` picks the eager chaining: "loop" (one
+    batched matmul a chunk) or "scan" (log-depth doubling, more arithmetic in fewer launches).
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
     if not isinstance(chunk_size, int) or chunk_size <= 0:
@@ -155,7 +157,13 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     tri = tri.masked_fill(~strict, 0.0)
     read = read.masked_fill(~causal, 0.0)
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
-    UW = torch.linalg.solve_triangular(tri, torch.cat([V, Kh], -1), upper=False, unitriangular=True)
+    # Several chunks go through the dispatch seam (Triton on CUDA). One chunk (T <= chunk_size)
+    # stays in torch: nothing to chain, and the kernels' solve measured slower there on an H200.
+    if N > 1:
+        seam = lambda name, eager, *args: dispatch(name, eager, *args, local=True)  # noqa: E731
+    else:
+        seam = lambda name, eager, *args: eager(*args)  # noqa: E731
+    UW = seam("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1))
     U0, W = UW.split([d_v, d_k], dim=-1)
     Kc = (carry_w.unsqueeze(-1) * K).transpose(-1, -2)  # (N,B,H,d_k,M)
     eye = torch.eye(d_k, dtype=q.dtype, device=q.device)
@@ -165,28 +173,26 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     Qt = Qh - read @ W                                   # y = Qt H_start + Y0
     Y0 = read @ U0
 
-    if across == "scan":
-        after = scans.matrix_recurrence(A.transpose(0, 1), Bc.transpose(0, 1), h)  # (B,N,H,d_k,d_v)
-        Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)
-        h = after[:, -1]
-    else:
-        Hs, h = _chunk_loop(A, Bc, h)
+    chain = scans.matrix_recurrence if across == "scan" else _walk
+    A, Bc = A.transpose(0, 1), Bc.transpose(0, 1)        # (B,N,H,...)
+    after = seam("matrix_recurrence", chain, A, Bc, h)
+    Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)  # (N,B,H,d_k,d_v) at chunk starts
+    h = after[:, -1]
     y = Qt @ Hs + Y0                                     # (N,B,H,C,d_v)
     y = y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
     return y.to(out_dtype), h.to(out_dtype)
 
 
-def _chunk_loop(A, Bc, h):
-    """States at every chunk start, (N,B,H,d_k,d_v), and the final state, by H <- A_n H + Bc_n."""
-    N, B, H, d_k, d_v = Bc.shape
-    # unbind, not A[n]: the backward of N separate selects would fill N full-size zero gradients
-    As, Bcs = A.reshape(N, B * H, d_k, d_k).unbind(0), Bc.reshape(N, B * H, d_k, d_v).unbind(0)
+def _walk(A, X, h):
+    """matrix_recurrence by one batched matmul a step: A (B,N,H,k,k), X (B,N,H,k,v), h (B,H,k,v)."""
+    B, N, H, d_k, d_v = X.shape
     h = h.reshape(B * H, d_k, d_v)
-    starts = []
-    for A_n, Bc_n in zip(As, Bcs):
-        starts.append(h)
-        h = torch.baddbmm(Bc_n, A_n, h)
-    return torch.stack(starts).view(N, B, H, d_k, d_v), h.view(B, H, d_k, d_v)
+    after = []
+    # unbind, not A[:, n]: the backward of N separate selects would fill N full-size zero gradients
+    for A_n, X_n in zip(A.unbind(1), X.unbind(1)):
+        h = torch.baddbmm(X_n.reshape(B * H, d_k, d_v), A_n.reshape(B * H, d_k, d_k), h)
+        after.append(h.view(B, H, d_k, d_v))
+    return torch.stack(after, 1)
 
 
 class DeltaMinGRU(DecayMixin, nn.Module):
@@ -199,8 +205,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     (one rate per head when learnable) scales the carried memory once per token, before its
     updates. `forward` runs `delta_rule_chunked`; `step` runs one token of the recurrence.
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
-    (B, n_heads d_k d_v) in `step`. There is no Triton kernel here: every MINGRU_SCAN mode runs
-    the same torch code, which `torch.compile` takes whole.
+    (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
+    and their chaining run Triton kernels (`delta_rule_chunked`); the rest is torch code.
     """
 
     carries_matrix_state = True

@@ -27,6 +27,7 @@ TRITON_IMPLS = {
     "matrix_affine_scan": "mingru.kernels.matrix:matrix_affine_scan",
     "matrix_recurrence": "mingru.kernels.matrix:matrix_recurrence",
     "rotation_recurrence": "mingru.kernels.rotation:rotation_recurrence",
+    "unit_lower_solve": "mingru.kernels.triangular:unit_lower_solve",
 }
 
 
@@ -75,7 +76,7 @@ def _import_traced(module):
     import statement while it traces (importlib and sys.modules it cannot), so a first compile
     needs no warm-up."""
     from mingru import kernels
-    from mingru.kernels import diagonal, matrix, rotation  # noqa: F401
+    from mingru.kernels import diagonal, matrix, rotation, triangular, wide  # noqa: F401
     return getattr(kernels, module.removeprefix("mingru.kernels."))
 
 
@@ -100,9 +101,10 @@ def _warn_once(name, reason):
                       "once per process", RuntimeWarning, stacklevel=4)
 
 
-def dispatch(name, eager, *args):
-    """Run op `name` on `args` with the implementation MINGRU_SCAN selects."""
-    if sequence_parallel_route is not None:
+def dispatch(name, eager, *args, local=False):
+    """Run op `name` on `args` with the implementation MINGRU_SCAN selects. local=True: a step
+    inside a larger computation (not a scan over the caller's time axis), never sequence-parallel."""
+    if sequence_parallel_route is not None and not local:
         return sequence_parallel_route(name, *args)
     mode = scan_mode()
     if mode == "eager":

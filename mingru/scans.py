@@ -161,6 +161,11 @@ def matrix_recurrence(A, X, h0=None):
     return chunked_scan((A32, X32), matrix_combine, states_only=True)[1].to(A.dtype)
 
 
+def unit_lower_solve(L, R):
+    """X = (I + L)^{-1} R, reading only the strictly lower part of L (..., M, M); R (..., M, c)."""
+    return torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True)
+
+
 def givens_matrices(angles, decay):
     """Dense transitions decay * G_L ... G_1 (..., k, k) from brick-wall Givens layers.
 

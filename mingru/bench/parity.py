@@ -39,6 +39,9 @@ MIXER_OUT = ("outputs are gated normwise (rtol times the largest entry): they pa
              "projection, and without decay a rotation state keeps every step's rounding, so the float32 "
              "error grows with T and with the outputs' scale (eager_vs_f64 shows the reference's own share)")
 WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
+# DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and the wide
+# matrix_recurrence that chains them) are not scans of their own in the speed tables
+MIXERS = cases.MIXERS + ("DeltaMinGRU",)
 FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
           "GivensMinGRU[fused]": "rotation"}
 
@@ -49,11 +52,11 @@ def gate(name, dtype):
         out, grad, why = BFLOAT16_GATE
     else:
         out, grad, why = FLOAT32_GATES[FAMILY.get(name, "affine")]
-        if name in cases.MIXERS:
+        if name in MIXERS:
             out = (out[0], max(out[1], out[0]))
             grad, why = MIXER_GRAD[0], f"{why}; {MIXER_GRAD[1]}; {MIXER_OUT}"
-    return {"out": out, "grad": grad, "out_normwise": name in cases.MIXERS and dtype != torch.bfloat16,
-            "grad_normwise": dtype == torch.bfloat16 or name in cases.MIXERS, "why": why}
+    return {"out": out, "grad": grad, "out_normwise": name in MIXERS and dtype != torch.bfloat16,
+            "grad_normwise": dtype == torch.bfloat16 or name in MIXERS, "why": why}
 
 
 def grid(quick):
@@ -94,6 +97,10 @@ def grid(quick):
             for v in (1, 4, 16) if dtype == f32 else sorted({1, k} & {1, 4, 16}):
                 for T, h0 in ((33, False), (300, True)):
                     yield "matrix_recurrence", dict(B=2, T=T, n=3, k=k, v=v, h0=h0), dtype
+        # the wide kernel (k, v in 32, 64: one lane per program, a tl.dot a step)
+        for k, v, T, h0 in ((32, 32, 5, True), (64, 64, 33, False), (64, 32, 17, True), (32, 64, 9, False)):
+            if dtype == f32 or k == v == 64:
+                yield "matrix_recurrence", dict(B=2, T=T, n=3, k=k, v=v, h0=h0), dtype
         for k in (2, 4, 8, 16):
             for L in (1, 3):
                 for T, h0 in ((33, False), (300, True)):
@@ -101,6 +108,10 @@ def grid(quick):
         for mixer in cases.MIXERS:
             for B, T in ((2, 33), (2, 300)):
                 yield mixer, dict(B=B, T=T, d=32, k=8), dtype
+        # 4 heads: d_k = 8 chains on the narrow matrix kernel, d_k = 32 on the wide one; T = 33 is
+        # one chunk (torch on both sides), T = 300 five
+        for T, d in ((33, 128), (300, 32), (300, 128)):
+            yield "DeltaMinGRU", dict(B=2, T=T, d=d), dtype
 
 
 def check(name, dims, dtype, device):
@@ -123,7 +134,7 @@ def check(name, dims, dtype, device):
                out_ratio=tolerance_ratio(got, want, *g["out"], normwise=g["out_normwise"]),
                grad_ratio=tolerance_ratio(got_grads, want_grads, *g["grad"], normwise=g["grad_normwise"]))
     reference = cases.naive_fn(name)
-    if reference is None and name in cases.MIXERS:  # a mixer: the same module in float64, eager
+    if reference is None and name in MIXERS:  # a mixer: the same module in float64, eager
         reference = copy.deepcopy(job.fn).double()
     if reference is not None:
         with torch.no_grad(), scan_impl("eager"):

@@ -18,7 +18,9 @@ Modules: `common` (envelope check, TF32 switch, op registration with its autogra
 `layout` (the planner and `forced_layout`, the one override for tests and harnesses),
 `core` (the affine monoid the diagonal kernels scan with), `diagonal` (linear_scan,
 linear_recurrence, parallel_scan_log), `matrix` (matrix_scan, matrix_affine_scan,
-matrix_recurrence), `rotation` (angle-fused Givens recurrence).
+matrix_recurrence), `wide` (matrix_recurrence for states of 32 or 64 rows and columns, one lane
+per program), `rotation` (angle-fused Givens recurrence), `triangular` (the unit lower
+triangular solves of the chunked delta rule).
 """
 import torch
 

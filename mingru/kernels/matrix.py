@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.kernels import layout
+from mingru.kernels import layout, wide
 from mingru.kernels.common import cdiv, check_envelope, dot_precision, scan_op
 from mingru.validate import BLOCK_SIZES
 
@@ -520,5 +520,8 @@ def matrix_scan(M, b):
 
 
 def matrix_recurrence(A, X, h0=None):
+    """k, v <= 16: these narrow kernels; k, v in wide.WIDE_SIZES: the wide kernel."""
+    if A.shape[-1] in wide.WIDE_SIZES:
+        return wide.matrix_recurrence(A, X, h0)
     _check(A, X)
     return _matrix_recurrence(A, X, h0)
