@@ -1,7 +1,7 @@
 """matrix_recurrence for wide states, k and v in WIDE_SIZES: one lane per program, one tl.dot a step.
 
-A lane's whole k x v state lives in the registers of one program, and each step applies its
-transition as a matrix product, H <- A_t H + X_t, on the tensor cores. The walk is sequential in
+A lane's k x v state lives in the registers of its programs, and each step applies its
+transition as one matrix product, H <- A_t H + X_t. The walk is sequential in
 time with a full product per step, so it pays off for few, large steps: the delta rule chains one
 such map per chunk (T = sequence length / chunk size). The narrow kernels of `matrix` hold
 several lanes' small states per program instead and take k, v <= 16.
@@ -10,8 +10,9 @@ A program owns BV of the v columns (the columns never mix). The backward walks t
 reverse on the adjoint and reads only the forward's inputs and outputs:
   lam_t = g_t + A_{t+1}^T lam_{t+1},  dX_t = lam_t,  dh0 = A_1^T lam_1;
 then dA_t = lam_t h_{t-1}^T (h_0 the initial state, zeros when none is given) is one batched
-matmul over every step. Every product is a tl.dot at the
-precision `common.dot_precision` names; states are carried in float32 (float64 for float64).
+matmul over every step. Every product in the kernels is a tl.dot at the precision
+`common.dot_precision` names (IEEE float32 unless lifted); states are carried in float32
+(float64 for float64).
 """
 from typing import Optional
 
