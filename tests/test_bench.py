@@ -136,7 +136,9 @@ def test_full_parity_grid_covers_the_envelope_with_few_trivial_rows():
     trivial = [op for op, d, _ in rows if d["T"] == 1]
     assert len(trivial) <= 2 * len(ops) + 2  # T = 1 once per op and dtype (+ linear_recurrence with h0)
     assert len(rows) < 400
-    assert {op for op, _, _ in rows} == set(cases.OPS) | set(cases.MIXERS)
+    assert {op for op, _, _ in rows} == set(cases.OPS) | set(parity.MIXERS)
+    wide = {(d["k"], d["v"]) for op, d, _ in rows if op == "matrix_recurrence" and d["k"] not in parity.BLOCKS}
+    assert wide == {(k, v) for k in (32, 64) for v in (32, 64)}  # every pair the wide kernel takes
     assert {dtype for _, _, dtype in rows} == {torch.float32, torch.bfloat16}
 
 
