@@ -168,3 +168,15 @@ def test_first_compile_imports_the_kernels_while_tracing():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("]", 1)[0] == "[1.0, 1.0"
     assert all(m in out.stdout for m in ("diagonal", "matrix", "rotation"))
+
+
+def test_local_steps_never_take_the_sequence_parallel_route(monkeypatch, eager_mode):
+    """A scan over the caller's time axis goes to the sequence-parallel route when one is set; a step
+    inside a larger computation (local=True, such as the delta rule's chunk chain) does not."""
+    routed = []
+    monkeypatch.setattr(dispatch, "sequence_parallel_route", lambda name, *args: routed.append(name) or "routed")
+    a, b = torch.rand(1, 3, 2), torch.rand(1, 3, 2)
+    assert dispatch.dispatch("linear_scan", mingru.scans.linear_scan, a, b) == "routed"
+    A, Bc = dispatch.dispatch("linear_scan", mingru.scans.linear_scan, a, b, local=True)
+    torch.testing.assert_close(Bc, mingru.scans.linear_scan(a, b)[1])
+    assert routed == ["linear_scan"]
