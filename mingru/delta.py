@@ -243,12 +243,11 @@ class DeltaMinGRU(DecayMixin, nn.Module):
 
     def _heads(self, x):
         """q (..., H, d_k), k (..., nh, H, d_k) unit norm, v (..., nh, H, d_v), beta (..., nh, H)."""
-        layers = [self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta]
-        weight = torch.cat([lin.weight for lin in layers])
-        bias = None if self.linear_q.bias is None else torch.cat([lin.bias for lin in layers])
         H, nh, d_k, d_v = self.n_heads, self.nh, self.d_k, self.d_v
-        q, k, v, beta = F.linear(x, weight, bias).split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
+        q, *kvb = (lin(x) for lin in (self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
         lead = x.shape[:-1]
+        k, v, beta = (torch.stack(part, -2) if nh > 1 else part[0].unsqueeze(-2)  # (..., nh, H * size)
+                      for part in (kvb[:nh], kvb[nh:2 * nh], kvb[2 * nh:]))
         k = F.normalize(k.reshape(*lead, nh, H, d_k), dim=-1)
         return (q.reshape(*lead, H, d_k), k, v.reshape(*lead, nh, H, d_v),
                 2 * torch.sigmoid(beta.reshape(*lead, nh, H)))

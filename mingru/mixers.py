@@ -6,7 +6,7 @@ kernels serve it on CUDA); `step` applies the same recurrence once, without auto
 (B, input_size) and a state (B, hidden_size). `forward` takes the initial state as (B, 1, hidden_size), so a chunked
 caller passes `h_0 = previous_output[:, -1:]`. With `decay`, `delta_t` (B, T) in `forward` or (B,)
 in `step` scales A_t by gamma_t = exp(-lambda f(delta_t)) (see `mingru.decay`).
-Parameter names and shapes are the published ones; projections are fused per call only.
+Parameter names and shapes are the published ones: one nn.Linear per projection.
 """
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ def _linears(input_size, sizes, bias):
 
 
 class _Mixer(DecayMixin, nn.Module):
-    """Shared plumbing: size checks, one fused projection per call, state shapes, decay."""
+    """Shared plumbing: size checks, the input projections, state shapes, decay."""
 
     def __init__(self, input_size, hidden_size):
         super().__init__()
@@ -43,10 +43,11 @@ class _Mixer(DecayMixin, nn.Module):
         self.input_size, self.hidden_size = input_size, hidden_size
 
     def _project(self, x, *linears):
-        """The outputs of `linears` on x, computed as one matmul over their stacked weights."""
-        w = torch.cat([lin.weight for lin in linears])
-        b = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-        return F.linear(x, w, b).split([lin.out_features for lin in linears], dim=-1)
+        """The outputs of `linears` on x, one matmul each: a split of one matmul over the stacked
+        weights would keep its whole output alive while any piece is saved for the backward, and
+        its backward would concatenate every piece's gradient, raising the training step's peak
+        memory by about one stacked output (results/seed.md has the measured peaks)."""
+        return [lin(x) for lin in linears]
 
     def _check_x(self, x, step):
         name = type(self).__name__
