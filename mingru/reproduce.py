@@ -38,6 +38,10 @@ COMPILE_BUDGET_S = 150  # the run-wide compile pool from a cold cache (GPU runs 
 NOTEBOOK_RESERVE_S = 100  # with --deadline: the time kept for the notebooks
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
+# A Jupyter kernel can die while it starts, before any cell runs (seen with 8 chapters starting at
+# once on a loaded host): such a chapter is started again, up to this many times in all.
+KERNEL_START_TRIES = 3
+KERNEL_START_FAILURE = "Kernel died before replying to kernel_info"
 FIGURES_BUDGET_S = 15  # results/figures/ of every harness that ran, drawn beside the notebooks
 NEEDS_GPU = {"02": "the compiled kernels' per-step latency and layout sweep",
              "03": "TF32 vs IEEE errors (the interpreter ignores input_precision)",
@@ -160,7 +164,13 @@ def draw_figures(harnesses, results_dir):
 
 
 def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
-    """Execute one chapter with papermill in its own process (so chapters can run side by side)."""
+    """Execute one chapter with papermill in its own process (so chapters can run side by side).
+
+    papermill clears a notebook's outputs when it starts, so an in-place run executes into a
+    partial file beside the chapter and replaces the chapter only when every cell ran: a failed
+    or stopped run leaves the committed notebook as it was. A kernel that dies while it starts
+    (before any cell) is started again, up to KERNEL_START_TRIES times in all.
+    """
     name = chapters()[key]
     source = NOTEBOOKS / f"{name}.ipynb"
     params = {"SMOKE": smoke, "MEASURE": False}
@@ -170,20 +180,34 @@ def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
         params["RESULTS_DIR"] = str(RESULTS)
     else:
         target = source
+    partial = target.with_name(f".{name}.partial.ipynb")
     # paths relative to the repository: papermill records them in the notebook's metadata
-    cmd = [sys.executable, "-m", "papermill", os.path.relpath(source, ROOT), os.path.relpath(target, ROOT),
+    cmd = [sys.executable, "-m", "papermill", os.path.relpath(source, ROOT), os.path.relpath(partial, ROOT),
            "-k", kernel, "--cwd", "notebooks", "--no-progress-bar", "--no-log-output"]
     for key_, value in params.items():
         cmd += ["-p", key_, str(value)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"stopped at the run's deadline after {timeout:.0f} s; {target} keeps its earlier "
-                           "outputs") from None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for attempt in range(1, KERNEL_START_TRIES + 1):
+        left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"stopped at the run's deadline after {timeout:.0f} s; {target} keeps its earlier "
+                               "outputs") from None
+        if done.returncode == 0 or KERNEL_START_FAILURE not in done.stdout + done.stderr:
+            break
+        if attempt < KERNEL_START_TRIES:
+            print(f"   {name}: the Jupyter kernel died before it answered; starting it again "
+                  f"({attempt + 1} of {KERNEL_START_TRIES})", flush=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-12:])
         raise RuntimeError(f"papermill exited with {done.returncode}:\n{tail}\n"
-                           f"the executed notebook, with the error: {target}")
+                           f"the executed notebook, with the error: {partial} ({target} keeps its earlier outputs)")
+    import nbformat  # papermill's own reader and writer: the file reads as papermill wrote it
+    executed = nbformat.read(partial, as_version=nbformat.NO_CONVERT)
+    executed.metadata.papermill.output_path = os.path.relpath(target, ROOT)
+    nbformat.write(executed, target)
+    partial.unlink()
     return target
 
 

@@ -109,3 +109,61 @@ def test_an_isolated_harness_runs_in_a_child_and_its_failure_comes_back(tmp_path
     with pytest.raises(FileExistsError):  # raised in the child, where the harness writes its files
         reproduce.run_harness("peers", True, blocker, env)
     assert blocker.read_text().startswith("a file")
+
+
+def _fake_papermill(tmp_path, monkeypatch, replies):
+    """Point run_notebook at a copy of chapter 01 and answer its papermill calls from `replies`:
+    (returncode, stderr) each; a successful reply writes the partial notebook, as papermill would."""
+    import shutil
+    import subprocess
+    import nbformat
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(NOTEBOOKS[0], notebooks / NOTEBOOKS[0].name)
+    monkeypatch.setattr(reproduce, "NOTEBOOKS", notebooks)
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        code, err = replies[len(calls) - 1]
+        source, partial = tmp_path / cmd[3], tmp_path / cmd[4]
+        nb = nbformat.read(source, as_version=nbformat.NO_CONVERT)
+        for cell in nb.cells:  # papermill clears the outputs first, then runs the cells
+            if cell.cell_type == "code":
+                cell.outputs = [] if code else [nbformat.v4.new_output("stream", text="ran\n")]
+        nb.metadata.papermill = {"output_path": cmd[4]}
+        nbformat.write(nb, partial)
+        return subprocess.CompletedProcess(cmd, code, "", err)
+    monkeypatch.setattr(reproduce.subprocess, "run", run)
+    return notebooks / NOTEBOOKS[0].name, calls
+
+
+def test_a_failed_in_place_run_leaves_the_notebook_as_it_was(tmp_path, monkeypatch):
+    chapter, calls = _fake_papermill(tmp_path, monkeypatch, [(1, "ZeroDivisionError in cell 3")])
+    before = chapter.read_text()
+    with pytest.raises(RuntimeError, match="keeps its earlier outputs"):
+        reproduce.run_notebook("01", False, tmp_path / "out", "python3", tmp_path)
+    assert len(calls) == 1, "a failure inside a cell is not retried"
+    assert chapter.read_text() == before
+
+
+def test_a_kernel_that_dies_at_start_up_is_started_again(tmp_path, monkeypatch, capsys):
+    died = (1, f"RuntimeError: {reproduce.KERNEL_START_FAILURE}")
+    chapter, calls = _fake_papermill(tmp_path, monkeypatch, [died, died, (0, "")])
+    assert reproduce.run_notebook("01", False, tmp_path / "out", "python3", tmp_path) == chapter
+    assert len(calls) == 3 and "starting it again (2 of 3)" in capsys.readouterr().out
+    import nbformat
+    executed = nbformat.read(chapter, as_version=nbformat.NO_CONVERT)
+    assert executed.metadata.papermill.output_path == f"notebooks/{chapter.name}"
+    assert any(c.outputs for c in executed.cells if c.cell_type == "code")
+    assert not list(chapter.parent.glob(".*.partial.ipynb"))
+
+
+def test_a_kernel_that_keeps_dying_fails_after_the_last_try(tmp_path, monkeypatch):
+    died = (1, f"RuntimeError: {reproduce.KERNEL_START_FAILURE}")
+    chapter, calls = _fake_papermill(tmp_path, monkeypatch, [died] * reproduce.KERNEL_START_TRIES)
+    before = chapter.read_text()
+    with pytest.raises(RuntimeError, match="papermill exited with 1"):
+        reproduce.run_notebook("01", False, tmp_path / "out", "python3", tmp_path)
+    assert len(calls) == reproduce.KERNEL_START_TRIES and chapter.read_text() == before
