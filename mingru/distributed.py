@@ -100,11 +100,15 @@ class _Matrix:
 
     def aggregate(self, args, part):
         with torch.no_grad():
-            end = self.op(*self.inputs(args), None)[:, -1]
+            end = self.run(args, None)[:, -1]
             return product(self.transitions(args)), end
 
     def finish(self, args, part, carry):
-        return self.op(*self.inputs(args), carry.to(args[0].dtype))
+        return self.run(args, carry.to(args[0].dtype))
+
+    def run(self, args, h0):
+        """The op on this rank's inputs from the initial state h0."""
+        return self.op(*self.inputs(args), h0)
 
     def apply(self, P, c):
         return (P @ c.unsqueeze(-1)).squeeze(-1) if c.dim() < P.dim() else P @ c
@@ -114,12 +118,20 @@ class _Matrix:
 
 
 class _Rotation(_Matrix):
-    """rotation_recurrence(angles, decay, u, h0): rerun through the angle-fused op."""
+    """rotation_recurrence(angles, decay, u, h0[, scale]): rerun through the angle-fused op."""
     op = staticmethod(ops.rotation_recurrence)
 
+    def inputs(self, args):
+        return args[:3] + args[4:]  # without h0
+
+    def run(self, args, h0):
+        return self.op(*args[:3], h0, *args[4:])
+
     def transitions(self, args):
-        angles, decay = args[0], args[1]
-        return scans.givens_matrices(angles.to(_acc_dtype(angles.dtype)), decay.to(_acc_dtype(decay.dtype)))
+        angles, decay, scale = args[0], args[1], args[4] if len(args) > 4 else None
+        acc = _acc_dtype(angles.dtype)
+        M = scans.givens_matrices(angles.to(acc), decay.to(acc))
+        return M if scale is None else M * scans.odd_scale(scale.to(acc), M.shape[-1])
 
 
 KINDS = {"linear_recurrence": _Diagonal(), "parallel_scan_log": _Log(),

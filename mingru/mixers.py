@@ -226,7 +226,8 @@ class RotationMinGRU(_BlockMixer):
     """Per 2-block: M_t = gamma_t R(theta_t) diag(1, tanh(linear_u x)), theta = linear_theta x.
 
     With `snap`, block j's angle is rounded to a multiple of 2 pi / snap[j % len(snap)] in the
-    forward pass while its gradient passes straight through. Runs on `matrix_recurrence`.
+    forward pass while its gradient passes straight through. Runs on `rotation_recurrence` (k = 2,
+    one layer, scale d = tanh(linear_u x)); `step` builds M.
     """
 
     def __init__(self, input_size, hidden_size, bias=True, snap=(2, 3, 4, 6), decay=None,
@@ -248,17 +249,30 @@ class RotationMinGRU(_BlockMixer):
             self.register_buffer("snap_step", torch.tensor(steps))
         self._init_decay(decay, decay_rate, log1p_delta, n)
 
-    def _transition(self, x, delta_t):
+    def _heads(self, x, delta_t):
+        """theta (snapped), d = tanh(linear_u x), gamma per block or None, and the injection."""
         z_pre, cand, theta, u = self._project(x, self.linear_z, self.linear_h, self.linear_theta,
                                               self.linear_u)
         if self.snap is not None:
             theta = theta + (torch.round(theta / self.snap_step) * self.snap_step - theta).detach()
-        c, s, d = theta.cos(), theta.sin(), torch.tanh(u)
+        return theta, torch.tanh(u), self._gamma(delta_t, x), self._injection(z_pre, cand)
+
+    def _transition(self, x, delta_t):
+        theta, d, gamma, b = self._heads(x, delta_t)
+        c, s = theta.cos(), theta.sin()
         M = torch.stack([c, -s * d, s, c * d], dim=-1).unflatten(-1, (2, 2))
-        gamma = self._gamma(delta_t, x)
         if gamma is not None:
             M = gamma[..., None, None] * M
-        return M, self._injection(z_pre, cand)
+        return M, b
+
+    def _scan(self, x, h0, delta_t):
+        # M = gamma R(theta) diag(1, d) is the angle-fused op's transition with k = 2, one layer and
+        # scale d: no (B, T, n, 2, 2) matrices are built, saved or differentiated.
+        theta, d, gamma, b = self._heads(x, delta_t)
+        if gamma is None:
+            gamma = x.new_ones(*x.shape[:-1], self.n_blocks)
+        return ops.rotation_recurrence(theta[..., None, None].to(b.dtype), gamma.to(b.dtype), b, h0.to(b.dtype),
+                                       d.to(b.dtype))
 
     def extra_repr(self):
         return super().extra_repr() + f", snap={self.snap}"

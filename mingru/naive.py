@@ -90,7 +90,11 @@ def givens_layer_naive(M, theta, parity):
     return torch.stack(rows, -2)
 
 
-def rotation_recurrence_naive(angles, decay, u, h0=None):
+def rotation_recurrence_naive(angles, decay, u, h0=None, scale=None):
     M = givens_matrices_naive(angles, decay)
+    if scale is not None:  # M @ diag(1, s, 1, s, ...): the odd columns scaled
+        cols = list(M.unbind(-1))
+        cols[1::2] = [c * scale.double()[..., None] for c in cols[1::2]]
+        M = torch.stack(cols, -1)
     h = matrix_recurrence_naive(M, u.unsqueeze(-1), None if h0 is None else h0.unsqueeze(-1))
     return h.squeeze(-1)

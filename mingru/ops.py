@@ -55,15 +55,19 @@ def matrix_recurrence(A, X, h0=None):
     return dispatch("matrix_recurrence", scans.matrix_recurrence, A, X, h0)
 
 
-def rotation_recurrence(angles, decay, u, h0=None):
-    """Angle-fused: h_t = decay_t G_t h_{t-1} + u_t, G_t built from Givens angles (see givens_matrices).
+def rotation_recurrence(angles, decay, u, h0=None, scale=None):
+    """Angle-fused: h_t = decay_t G_t S_t h_{t-1} + u_t, G_t built from Givens angles (see givens_matrices),
+    S_t = diag(1, scale_t, 1, scale_t, ...) (the identity when scale is None).
 
-    angles (B,T,n,L,k/2), decay (B,T,n), u (B,T,n,k), h0 (B,n,k) or None -> h (B,T,n,k).
+    angles (B,T,n,L,k/2), decay (B,T,n), u (B,T,n,k), h0 (B,n,k) or None, scale (B,T,n) or None
+    -> h (B,T,n,k). With k = 2 and L = 1 the transition is decay_t R(theta_t) diag(1, scale_t).
     """
     sizes = _checked("rotation_recurrence", [("angles", angles, ("B", "T", "n", "L", "half")),
                                              ("decay", decay, ("B", "T", "n")),
-                                             ("u", u, ("B", "T", "n", "k")), ("h0", h0, ("B", "n", "k"))])
+                                             ("u", u, ("B", "T", "n", "k")), ("h0", h0, ("B", "n", "k")),
+                                             ("scale", scale, ("B", "T", "n"))])
     if sizes["k"] != 2 * sizes["half"]:
         raise ValueError(f"rotation_recurrence: angles must have k/2 = {sizes['k'] // 2} angles per "
                          f"layer for u with k = {sizes['k']}, got {sizes['half']} (shape {tuple(angles.shape)})")
-    return dispatch("rotation_recurrence", scans.rotation_recurrence, angles, decay, u, h0)
+    scaled = () if scale is None else (scale,)
+    return dispatch("rotation_recurrence", scans.rotation_recurrence, angles, decay, u, h0, *scaled)

@@ -185,8 +185,17 @@ def givens_matrices(angles, decay):
     return decay[..., None, None] * M
 
 
-def rotation_recurrence(angles, decay, u, h0=None):
+def odd_scale(scale, k):
+    """The diagonal of S = diag(1, s, 1, s, ...) as a row (..., 1, k): M * odd_scale(s, k) is M @ S."""
+    odd = torch.arange(k, device=scale.device) % 2 == 1
+    s = scale[..., None, None]
+    return torch.where(odd, s, torch.ones_like(s))
+
+
+def rotation_recurrence(angles, decay, u, h0=None, scale=None):
     M = givens_matrices(*_upcast(angles, decay))
+    if scale is not None:
+        M = M * odd_scale(_acc(scale), M.shape[-1])
     h = matrix_recurrence(M, _acc(u).unsqueeze(-1), None if h0 is None else _acc(h0).unsqueeze(-1))
     return h.squeeze(-1).to(u.dtype)
 

@@ -139,6 +139,8 @@ def test_full_parity_grid_covers_the_envelope_with_few_trivial_rows():
     assert {op for op, _, _ in rows} == set(cases.OPS) | set(parity.MIXERS)
     wide = {(d["k"], d["v"]) for op, d, _ in rows if op == "matrix_recurrence" and d["k"] not in parity.BLOCKS}
     assert wide == {(k, v) for k in (32, 64) for v in (32, 64)}  # every pair the wide kernel takes
+    scaled = {(d["k"], d["L"], dtype) for op, d, dtype in rows if op == "rotation_recurrence" and d.get("scale")}
+    assert {(2, 1, torch.float32), (2, 1, torch.bfloat16)} <= scaled  # RotationMinGRU's transition
     assert {dtype for _, _, dtype in rows} == {torch.float32, torch.bfloat16}
 
 

@@ -18,14 +18,17 @@ pytestmark = pytest.mark.usefixtures("triton_mode")
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
-def _inputs(B, T, n, k, L, dtype, with_h0, decay=(0.3, 0.95), seed=0):
-    """Angles ~ N(0, 1.5^2) (all four quadrants), decays uniform in `decay`, u and h0 ~ N(0, 1)."""
+def _inputs(B, T, n, k, L, dtype, with_h0, decay=(0.3, 0.95), seed=0, with_scale=False):
+    """Angles ~ N(0, 1.5^2) (all four quadrants), decays uniform in `decay`, u and h0 ~ N(0, 1);
+    with_scale: a fifth input, the scale of the odd components, uniform in (-1, 1) (a tanh's range)."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = decay
     xs = [torch.randn(B, T, n, L, k // 2, generator=g) * 1.5,
           lo + (hi - lo) * torch.rand(B, T, n, generator=g),
           torch.randn(B, T, n, k, generator=g)]
     xs.append(torch.randn(B, n, k, generator=g) if with_h0 else None)
+    if with_scale:
+        xs.append(2 * torch.rand(B, T, n, generator=g) - 1)
     return [None if x is None else x.to(dtype) for x in xs]
 
 
@@ -34,7 +37,7 @@ def _run(fn, inputs, cotangent):
     inputs = [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
     h = fn(*inputs)
     given = [x for x in inputs if x is not None]
-    return h, torch.autograd.grad(h, given, cotangent.to(h.dtype))
+    return h, torch.autograd.grad(h, given, cotangent.to(h.device, h.dtype))
 
 
 def _check(inputs, tol):
@@ -44,7 +47,9 @@ def _check(inputs, tol):
     ref_inputs = [None if x is None else x.double() for x in inputs]
     h_ref, grads_ref = _run(naive.rotation_recurrence_naive, ref_inputs, cotangent)
     assert h.dtype == inputs[2].dtype and all(d.dtype == h.dtype for d in grads)
-    for name, got, want in zip(["h", "d_angles", "d_decay", "d_u", "d_h0"], (h, *grads), (h_ref, *grads_ref)):
+    names = ["h", "d_angles", "d_decay", "d_u"] + ["d_h0"] * (inputs[3] is not None) + ["d_scale"] * (len(inputs) > 4)
+    assert len(names) == 1 + len(grads)
+    for name, got, want in zip(names, (h, *grads), (h_ref, *grads_ref)):
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"{name}: {m}")
 
 
@@ -67,6 +72,24 @@ CASES = (
 @pytest.mark.parametrize("B,T,n,k,L,with_h0,dtype", CASES)
 def test_matches_naive(B, T, n, k, L, with_h0, dtype, device):
     _check([None if x is None else x.to(device) for x in _inputs(B, T, n, k, L, dtype, with_h0)], TOL[dtype])
+
+
+SCALED = ([_case(2, 5, 3, k, L, h0, torch.float32) for k in (2, 4, 8) for L in (1, 2) for h0 in (True, False)]
+          + [_case(2, 33, 3, 2, 1, True, torch.float32), _case(2, 33, 3, 2, 1, True, torch.bfloat16),
+             _case(1, 5, 2, 16, 3, False, torch.bfloat16)])
+
+
+@pytest.mark.parametrize("B,T,n,k,L,with_h0,dtype", SCALED)
+def test_scaled_matches_naive(B, T, n, k, L, with_h0, dtype, device):
+    """h_t = decay_t G_t diag(1, s_t, 1, s_t, ...) h_{t-1} + u_t: RotationMinGRU's transition at k = 2, L = 1."""
+    inputs = _inputs(B, T, n, k, L, dtype, with_h0, seed=5, with_scale=True)
+    _check([None if x is None else x.to(device) for x in inputs], TOL[dtype])
+
+
+def test_scaled_gradcheck_float64(device):
+    inputs = _inputs(1, 4, 2, 4, 2, torch.float64, with_h0=True, seed=6, with_scale=True)
+    inputs = [x.to(device).requires_grad_() for x in inputs]
+    assert torch.autograd.gradcheck(mingru.rotation_recurrence, inputs, fast_mode=True)
 
 
 def test_strided_views_like_the_mixer_passes(device):

@@ -42,9 +42,9 @@ def kernels_run(device, env):
 
 
 def label(dims):
-    """'B128-T64-D64', with '-h0' when a start state is passed."""
-    text = "-".join(f"{k}{v}" for k, v in dims.items() if k != "h0")
-    return text + ("-h0" if dims.get("h0") else "")
+    """'B128-T64-D64', with '-h0' when a start state is passed and '-scale' when a scale is."""
+    text = "-".join(f"{k}{v}" for k, v in dims.items() if k not in ("h0", "scale"))
+    return text + ("-h0" if dims.get("h0") else "") + ("-scale" if dims.get("scale") else "")
 
 
 def make(name, dims, dtype=torch.float32, device="cpu"):
@@ -97,6 +97,8 @@ def op_inputs(op, dims, dtype=torch.float32, device="cpu"):
         angles = math.pi * (2 * torch.rand(B, T, n, L, k // 2, device=device) - 1)
         decay = 0.5 + 0.5 * torch.rand(B, T, n, device=device)
         xs = (angles, decay, randn(B, T, n, k), randn(B, n, k) if h0 else None)
+        if dims.get("scale"):  # RotationMinGRU's tanh(linear_u x)
+            xs += (2 * torch.rand(B, T, n, device=device) - 1,)
     else:
         n, k, v = dims["n"], dims["k"], dims["v"]
         xs = (_contractive(B, T, n, k, k, device=device), randn(B, T, n, k, v))

@@ -43,7 +43,7 @@ WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no p
 # matrix_recurrence that chains them) are not scans of their own in the speed tables
 MIXERS = cases.MIXERS + ("DeltaMinGRU",)
 FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
-          "GivensMinGRU[fused]": "rotation"}
+          "GivensMinGRU[fused]": "rotation", "RotationMinGRU": "rotation"}
 
 
 def gate(name, dtype):
@@ -105,6 +105,9 @@ def grid(quick):
             for L in (1, 3):
                 for T, h0 in ((33, False), (300, True)):
                     yield "rotation_recurrence", dict(B=2, T=T, n=3, k=k, L=L, h0=h0), dtype
+        # with a scale of the odd components: RotationMinGRU's k = 2, one layer, and a wider block
+        for k, L, T, h0 in ((2, 1, 33, True), (2, 1, 300, False), (8, 3, 33, True)):
+            yield "rotation_recurrence", dict(B=2, T=T, n=3, k=k, L=L, h0=h0, scale=True), dtype
         for mixer in cases.MIXERS:
             for B, T in ((2, 33), (2, 300)):
                 yield mixer, dict(B=B, T=T, d=32, k=8), dtype

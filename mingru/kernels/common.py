@@ -67,34 +67,34 @@ def cotangent(g, like):
     return torch.zeros_like(like) if g is None else g
 
 
-def _autograd(saved, h0):
+def _autograd(saved, optional):
     """setup_context and grad for register_autograd: the backward launcher takes the inputs at
-    indices `saved`, then every output, then one cotangent per output; inputs[h0], if given, is an
-    optional initial state whose gradient is returned only when it was passed."""
+    indices `saved`, then every output, then one cotangent per output; the inputs at indices
+    `optional` may be None (an initial state, a scale), and get a gradient only when passed."""
     def setup_context(ctx, inputs, output):
-        ctx.has_h0 = h0 is None or inputs[h0] is not None
+        ctx.absent = [i for i in optional if inputs[i] is None]
         ctx.save_for_backward(*(inputs[i] for i in saved), *(output if isinstance(output, tuple) else (output,)))
 
     def grad(ctx, backward, *g):
         tensors = ctx.saved_tensors
         grads = backward(*tensors, *(cotangent(gi, o) for gi, o in zip(g, tensors[len(tensors) - len(g):])))
-        return grads if ctx.has_h0 else (*grads[:h0], None, *grads[h0 + 1:])
+        return tuple(None if i in ctx.absent else gi for i, gi in enumerate(grads))
     return setup_context, grad
 
 
-def scan_op(name, forward, backward, saved, h0=None):
+def scan_op(name, forward, backward, saved, optional=()):
     """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
     return the callable the entry points use.
 
     forward(*inputs) and backward(*inputs[saved], *outputs, *cotangents) are plain launchers with
-    type hints; inputs[h0] is an optional initial state (see `_autograd`). Under torch.compile
+    type hints; the inputs at indices `optional` may be None (see `_autograd`). Under torch.compile
     the callable is the registered triton_op, which the compiler traces without a graph break. In
     eager it is an autograd.Function over the same launchers: the custom-op dispatcher and
     wrap_triton's launch path (which the launchers use so that tracers see the kernels) both cost
     host time per call that can exceed the kernel's own at small shapes. Inference calls (no input
     requires grad, or grad mode off) skip the autograd.Function as well.
     """
-    setup_context, grad = _autograd(saved, h0)
+    setup_context, grad = _autograd(saved, optional)
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
     triton_op(f"mingru::{name}_backward", mutates_args=())(backward)

@@ -322,7 +322,7 @@ def _linear_recurrence_bwd(a: torch.Tensor, h0: Optional[torch.Tensor], h: torch
 
 
 _linear_recurrence = scan_op("linear_recurrence", _linear_recurrence_fwd, _linear_recurrence_bwd, saved=(0, 2),
-                             h0=2)
+                             optional=(2,))
 
 
 # ---- parallel_scan_log --------------------------------------------------------------------

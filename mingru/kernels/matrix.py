@@ -497,16 +497,17 @@ def _matrix_recurrence_bwd(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch
 
 
 _matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matrix_recurrence_bwd, saved=(0, 2),
-                             h0=2)
+                             optional=(2,))
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
-def _check(A, X):
+def _check(A, X, sizes=BLOCK_SIZES):
+    """ScanFallback unless a kernel compiled for k, v in `sizes` takes A (B,T,n,k,k), X (B,T,n,k,v)."""
     T, n, k, v = A.shape[1], A.shape[2], A.shape[-1], X.shape[-1]
     # time offsets are 32-bit within a lane (lanes use 64-bit offsets)
     check_envelope(A, span=T * max(A.stride(1), X.stride(1), n * k * max(k, v)),
-                   sizes=(("k", k, BLOCK_SIZES), ("v", v, BLOCK_SIZES)))
+                   sizes=(("k", k, sizes), ("v", v, sizes)))
 
 
 def matrix_affine_scan(A, Bm):
@@ -522,6 +523,7 @@ def matrix_scan(M, b):
 def matrix_recurrence(A, X, h0=None):
     """k, v <= 16: these narrow kernels; k, v in wide.WIDE_SIZES: the wide kernel."""
     if A.shape[-1] in wide.WIDE_SIZES:
+        _check(A, X, wide.WIDE_SIZES)
         return wide.matrix_recurrence(A, X, h0)
     _check(A, X)
     return _matrix_recurrence(A, X, h0)

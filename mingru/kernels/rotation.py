@@ -1,8 +1,12 @@
-"""Angle-fused Givens recurrence: h_t = decay_t G_{t,L} ... G_{t,1} h_{t-1} + u_t, in registers.
+"""Angle-fused Givens recurrence: h_t = decay_t G_{t,L} ... G_{t,1} S_t h_{t-1} + u_t, in registers.
+
+S_t = diag(1, s_t, 1, s_t, ...) scales the odd components by scale_t (identity when no scale is
+given): with k = 2 and one layer, decay_t R(theta_t) diag(1, s_t) is RotationMinGRU's transition.
 
 Each program owns BLOCK_N lanes (b, n) and walks T. A lane's state is kept as its even and odd
 halves E, O (k/2 each): even layers rotate the pairs (E_j, O_j), odd layers (O_j, E_{j+1 mod k/2}),
 so a transition costs O(L k) flops and no k x k matrix ever exists, in registers or in memory.
+The scale multiplies O before the first layer.
 
 The backward walks T in reverse with the adjoint lam_t = g_t + decay_{t+1} G_{t+1}^T lam_{t+1}. The
 per-layer intermediates of step t are recomputed from h_{t-1}, read back from the forward output,
@@ -140,19 +144,21 @@ def _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H: tl.constexpr, BLOCK_N
 
 
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
-_FWD_INTS = "LANES N T sab sat san sal saj sdb sdt sdn sub sut sun suk s0b s0n s0k".split()
-_BWD_INTS = "LANES N T sgb sgt sgn sgk sab sat san sal saj sdb sdt sdn s0b s0n s0k sdaj".split()
+_FWD_INTS = "LANES N T sab sat san sal saj sdb sdt sdn sub sut sun suk s0b s0n s0k ssb sst ssn".split()
+_BWD_INTS = "LANES N T sgb sgt sgn sgk sab sat san sal saj sdb sdt sdn s0b s0n s0k ssb sst ssn sdaj".split()
 
 
 @triton.jit(do_not_specialize=_FWD_INTS)
-def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
+def _rotation_fwd_kernel(ang, dec, u, h0, sc, h, LANES, N, T,
                          sab, sat, san, sal, saj, sdb, sdt, sdn, sub, sut, sun, suk, s0b, s0n, s0k,
-                         HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
+                         ssb, sst, ssn, HAS_H0: tl.constexpr, HAS_SCALE: tl.constexpr, L: tl.constexpr,
+                         H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
     j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     u_f = u + b * sub + n * sun + 2 * j * suk
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j  # h is contiguous (B, T, n, k)
+    sc_f = sc + b * ssb + n * ssn
     E = tl.zeros([H, BLOCK_N], dtype=ACC)
     O = E
     if HAS_H0:
@@ -164,6 +170,8 @@ def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
         d = _load_rows(dec_f + t * sdt, live, E)
         uE = _load_rows(u_f + t * sut, live, E)
         uO = _load_rows(u_f + t * sut + suk, live, E)
+        if HAS_SCALE:
+            O = _load_rows(sc_f + t * sst, live, O) * O
         E, O = _rotate(E, O, ang_f + t * sat, sal, live, L)
         E = d * E + uE
         O = d * O + uO
@@ -171,19 +179,23 @@ def _rotation_fwd_kernel(ang, dec, u, h0, h, LANES, N, T,
 
 
 @triton.jit(do_not_specialize=_BWD_INTS)
-def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
-                         sgb, sgt, sgn, sgk, sab, sat, san, sal, saj, sdb, sdt, sdn, s0b, s0n, s0k, sdaj,
-                         HAS_H0: tl.constexpr, L: tl.constexpr, H: tl.constexpr,
+def _rotation_bwd_kernel(g, ang, dec, h0, sc, h, dang, ddec, du, dh0, dsc, LANES, N, T,
+                         sgb, sgt, sgn, sgk, sab, sat, san, sal, saj, sdb, sdt, sdn, s0b, s0n, s0k,
+                         ssb, sst, ssn, sdaj, HAS_H0: tl.constexpr, HAS_SCALE: tl.constexpr,
+                         L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
     j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
     g_f = g + b * sgb + n * sgn + 2 * j * sgk
-    # h, du, dh0, ddecay and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n), (B,T,n,L,k/2)
+    # h, du, dh0, ddecay, dscale and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n) twice,
+    # (B,T,n,L,k/2)
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j
     du_f = du + (b * T * N + n) * (2 * H) + 2 * j
     dang_f = dang + (b * T * N + n) * (L * H) + j * sdaj
     lane1 = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # one entry per lane, for ddecay
     ddec_1 = ddec + (lane1 // N).to(tl.int64) * T * N + lane1 % N
+    dsc_1 = dsc + (lane1 // N).to(tl.int64) * T * N + lane1 % N
+    sc_f = sc + b * ssb + n * ssn
     h0_f = h0 + b * s0b + n * s0n + 2 * j * s0k
     # M = decay_{t+1} G_{t+1}^T lam_{t+1}, zero after the last step
     ME = tl.zeros([H, BLOCK_N], dtype=ACC)
@@ -198,56 +210,72 @@ def _rotation_bwd_kernel(g, ang, dec, h0, h, dang, ddec, du, dh0, LANES, N, T,
         yE = _load_rows(prev_f, has_prev, ME)
         yO = _load_rows(prev_f + tl.where(t > 0, 1, s0k), has_prev, ME)
         d = _load_rows(dec_f + t * sdt, live, ME)
+        prev_O = yO
+        if HAS_SCALE:
+            s_t = _load_rows(sc_f + t * sst, live, ME)
+            yO = s_t * yO
         yE, yO = _rotate(yE, yO, ang_f + t * sat, sal, live, L)
         ME, MO = _rotate_back(yE, yO, d * LE, d * LO, ang_f + t * sat, sal, dang_f + t * N * L * H, live, L)
+        if HAS_SCALE:  # back through S_t: d scale = <adjoint of S_t h, odd part of h_{t-1}>
+            tl.store(dsc_1 + t * N, tl.sum(MO * prev_O, axis=0).to(dsc.dtype.element_ty), mask=lane1 < LANES)
+            MO = s_t * MO
         _store_pair(du_f + t * N * 2 * H, LE, LO, live)
         tl.store(ddec_1 + t * N, tl.sum(LE * yE + LO * yO, axis=0).to(ddec.dtype.element_ty), mask=lane1 < LANES)
     _store_pair(dh0 + (b * N + n) * (2 * H) + 2 * j, ME, MO, live)
 
 
-def _launch_fwd(angles, decay, u, h0):
+def _launch_fwd(angles, decay, u, h0, scale):
     B, T, N, L, H = angles.shape
     h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
     lay = layout.rotation(T, L, H, u.element_size(), backward=False)
     ints = zip(_FWD_INTS, (B * N, N, T, *angles.stride(), *decay.stride(), *u.stride(),
-                           *(h0.stride() if h0 is not None else (0, 0, 0))))
+                           *(h0.stride() if h0 is not None else (0, 0, 0)),
+                           *(scale.stride() if scale is not None else (0, 0, 0))))
     wrap_triton(_rotation_fwd_kernel)[(cdiv(B * N, lay.block),)](
-        ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h, h=h, **dict(ints),
-        HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
+        ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h, sc=scale if scale is not None else decay, h=h,
+        **dict(ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None, L=L, H=H, BLOCK_N=lay.block,
+        STAGES=lay.stages, num_warps=lay.warps)
     return h
 
 
-def _launch_bwd(angles, decay, h0, h, g):
+def _launch_bwd(angles, decay, h0, scale, h, g):
     B, T, N, L, H = angles.shape
     dangles = torch.empty(angles.shape, dtype=angles.dtype, device=angles.device)
     ddecay = torch.empty(decay.shape, dtype=decay.dtype, device=decay.device)
     du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
+    dscale = torch.empty(decay.shape if scale is not None else 0, dtype=decay.dtype, device=decay.device)
     lay = layout.rotation(T, L, H, h.element_size(), backward=True)
     ints = zip(_BWD_INTS, (B * N, N, T, *g.stride(), *angles.stride(), *decay.stride(),
-                           *(h0.stride() if h0 is not None else (0, 0, 0)), dangles.stride(-1)))
+                           *(h0.stride() if h0 is not None else (0, 0, 0)),
+                           *(scale.stride() if scale is not None else (0, 0, 0)), dangles.stride(-1)))
     wrap_triton(_rotation_bwd_kernel)[(cdiv(B * N, lay.block),)](
-        g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h, h=h, dang=dangles, ddec=ddecay, du=du, dh0=dh0,
-        **dict(ints), HAS_H0=h0 is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
-    return dangles, ddecay, du, dh0
+        g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h, sc=scale if scale is not None else decay, h=h,
+        dang=dangles, ddec=ddecay, du=du, dh0=dh0, dsc=dscale if scale is not None else ddecay, **dict(ints),
+        HAS_H0=h0 is not None, HAS_SCALE=scale is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages,
+        num_warps=lay.warps)
+    return dangles, ddecay, du, dh0, dscale
 
 
 def _rotation_fwd(angles: torch.Tensor, decay: torch.Tensor, u: torch.Tensor,
-                  h0: Optional[torch.Tensor]) -> torch.Tensor:
-    return _launch_fwd(angles, decay, u, h0)
+                  h0: Optional[torch.Tensor], scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _launch_fwd(angles, decay, u, h0, scale)
 
 
-def _rotation_bwd(angles: torch.Tensor, decay: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
-                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _launch_bwd(angles, decay, h0, h, g)
+def _rotation_bwd(angles: torch.Tensor, decay: torch.Tensor, h0: Optional[torch.Tensor],
+                  scale: Optional[torch.Tensor], h: torch.Tensor,
+                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _launch_bwd(angles, decay, h0, scale, h, g)
 
 
 # u is not saved: du = lam
-_rotation_recurrence = scan_op("rotation_recurrence", _rotation_fwd, _rotation_bwd, saved=(0, 1, 3), h0=3)
+_rotation_recurrence = scan_op("rotation_recurrence", _rotation_fwd, _rotation_bwd, saved=(0, 1, 3, 4),
+                               optional=(3, 4))
 
 
-def rotation_recurrence(angles, decay, u, h0=None):
+def rotation_recurrence(angles, decay, u, h0=None, scale=None):
     """Entry point for the dispatch seam: the angle-fused kernel, or ScanFallback outside its envelope."""
     T, N, k, L = u.shape[1], u.shape[2], u.shape[-1], angles.shape[-2]
-    span = T * max(N * L * k, *(abs(x.stride(1)) for x in (angles, decay, u)))
+    given = [x for x in (angles, decay, u, scale) if x is not None]
+    span = T * max(N * L * k, *(abs(x.stride(1)) for x in given))
     check_envelope(u, span=span, sizes=(("k", k, BLOCK_KS), ("layers", L, range(1, MAX_LAYERS + 1))))
-    return _rotation_recurrence(angles, decay, u, h0)
+    return _rotation_recurrence(angles, decay, u, h0, scale)

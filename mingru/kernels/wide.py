@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from mingru.kernels.common import check_envelope, dot_precision, scan_op
+from mingru.kernels.common import dot_precision, scan_op
 
 WIDE_SIZES = (32, 64)  # k and v this kernel takes (the matrix kernels take <= 16; others run eager)
 
@@ -124,16 +124,9 @@ def _backward(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
     return dA, dX, dh0
 
 
-_matrix_recurrence = scan_op("matrix_recurrence_wide", _forward, _backward, saved=(0, 2), h0=2)
-
-
-def check(A, X):
-    """ScanFallback unless this kernel takes a matrix_recurrence of A (B,T,n,k,k) and X (B,T,n,k,v)."""
-    T, n, k, v = A.shape[1], A.shape[2], A.shape[-1], X.shape[-1]
-    check_envelope(A, span=T * max(A.stride(1), X.stride(1), n * k * max(k, v)), batch=0,
-                   sizes=(("k", k, WIDE_SIZES), ("v", v, WIDE_SIZES)))
+_matrix_recurrence = scan_op("matrix_recurrence_wide", _forward, _backward, saved=(0, 2), optional=(2,))
 
 
 def matrix_recurrence(A, X, h0=None):
-    check(A, X)
+    """The wide kernel; `matrix.matrix_recurrence` checks the envelope (k, v in WIDE_SIZES) first."""
     return _matrix_recurrence(A, X, h0)
