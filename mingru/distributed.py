@@ -128,10 +128,8 @@ class _Rotation(_Matrix):
         return self.op(*args[:3], h0, *args[4:])
 
     def transitions(self, args):
-        angles, decay, scale = args[0], args[1], args[4] if len(args) > 4 else None
-        acc = _acc_dtype(angles.dtype)
-        M = scans.givens_matrices(angles.to(acc), decay.to(acc))
-        return M if scale is None else M * scans.odd_scale(scale.to(acc), M.shape[-1])
+        acc = _acc_dtype(args[0].dtype)
+        return scans.rotation_matrices(*(x.to(acc) for x in args[:2] + args[4:]))
 
 
 KINDS = {"linear_recurrence": _Diagonal(), "parallel_scan_log": _Log(),

@@ -196,9 +196,11 @@ class _BlockMixer(_Mixer):
         return self._blocks(torch.sigmoid(z_pre) * cand)
 
     def _gamma(self, delta_t, x):
-        """gamma per block (..., n_blocks), or None without decay."""
+        """gamma per block (..., n_blocks); ones without decay."""
         dt = self._dt(delta_t, x)
-        return None if dt is None else self._decay_gamma(dt).expand(*x.shape[:-1], self.n_blocks)
+        if dt is None:
+            return x.new_ones(*x.shape[:-1], self.n_blocks)
+        return self._decay_gamma(dt).expand(*x.shape[:-1], self.n_blocks)
 
     def forward(self, x, h_0=None, delta_t=None):
         self._check_x(x, step=False)
@@ -250,7 +252,7 @@ class RotationMinGRU(_BlockMixer):
         self._init_decay(decay, decay_rate, log1p_delta, n)
 
     def _heads(self, x, delta_t):
-        """theta (snapped), d = tanh(linear_u x), gamma per block or None, and the injection."""
+        """theta (snapped), d = tanh(linear_u x), gamma per block, and the injection."""
         z_pre, cand, theta, u = self._project(x, self.linear_z, self.linear_h, self.linear_theta,
                                               self.linear_u)
         if self.snap is not None:
@@ -259,18 +261,12 @@ class RotationMinGRU(_BlockMixer):
 
     def _transition(self, x, delta_t):
         theta, d, gamma, b = self._heads(x, delta_t)
-        c, s = theta.cos(), theta.sin()
-        M = torch.stack([c, -s * d, s, c * d], dim=-1).unflatten(-1, (2, 2))
-        if gamma is not None:
-            M = gamma[..., None, None] * M
-        return M, b
+        return scans.rotation_matrices(theta[..., None, None], gamma, d), b
 
     def _scan(self, x, h0, delta_t):
         # M = gamma R(theta) diag(1, d) is the angle-fused op's transition with k = 2, one layer and
         # scale d: no (B, T, n, 2, 2) matrices are built, saved or differentiated.
         theta, d, gamma, b = self._heads(x, delta_t)
-        if gamma is None:
-            gamma = x.new_ones(*x.shape[:-1], self.n_blocks)
         return ops.rotation_recurrence(theta[..., None, None].to(b.dtype), gamma.to(b.dtype), b, h0.to(b.dtype),
                                        d.to(b.dtype))
 
@@ -310,10 +306,7 @@ class GivensMinGRU(_BlockMixer):
     def _heads(self, x, delta_t):
         theta, z_pre, cand = self._project(x, self.linear_theta, self.linear_z, self.linear_h)
         angles = theta.unflatten(-1, (self.n_blocks, self.rounds, self.k // 2))
-        gamma = self._gamma(delta_t, x)
-        if gamma is None:
-            gamma = x.new_ones(*x.shape[:-1], self.n_blocks)
-        return angles, gamma, self._injection(z_pre, cand)
+        return angles, self._gamma(delta_t, x), self._injection(z_pre, cand)
 
     def _transition(self, x, delta_t):
         angles, gamma, b = self._heads(x, delta_t)

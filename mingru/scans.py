@@ -185,17 +185,19 @@ def givens_matrices(angles, decay):
     return decay[..., None, None] * M
 
 
-def odd_scale(scale, k):
-    """The diagonal of S = diag(1, s, 1, s, ...) as a row (..., 1, k): M * odd_scale(s, k) is M @ S."""
-    odd = torch.arange(k, device=scale.device) % 2 == 1
+def rotation_matrices(angles, decay, scale=None):
+    """rotation_recurrence's dense transitions decay * G_L ... G_1 S (..., k, k), in the inputs'
+    dtype, with S = diag(1, s, 1, s, ...) from scale (...) (the identity when scale is None)."""
+    M = givens_matrices(angles, decay)
+    if scale is None:
+        return M
+    odd = torch.arange(M.shape[-1], device=M.device) % 2 == 1  # M @ S scales the odd columns
     s = scale[..., None, None]
-    return torch.where(odd, s, torch.ones_like(s))
+    return M * torch.where(odd, s, torch.ones_like(s))
 
 
 def rotation_recurrence(angles, decay, u, h0=None, scale=None):
-    M = givens_matrices(*_upcast(angles, decay))
-    if scale is not None:
-        M = M * odd_scale(_acc(scale), M.shape[-1])
+    M = rotation_matrices(*_upcast(angles, decay, scale))
     h = matrix_recurrence(M, _acc(u).unsqueeze(-1), None if h0 is None else _acc(h0).unsqueeze(-1))
     return h.squeeze(-1).to(u.dtype)
 
