@@ -310,7 +310,7 @@ class GivensMinGRU(_BlockMixer):
 
     def _transition(self, x, delta_t):
         angles, gamma, b = self._heads(x, delta_t)
-        return scans.givens_matrices(angles, gamma), b
+        return scans.rotation_matrices(angles, gamma), b
 
     def _scan(self, x, h0, delta_t):
         if not self.fused:

@@ -56,7 +56,7 @@ def matrix_recurrence(A, X, h0=None):
 
 
 def rotation_recurrence(angles, decay, u, h0=None, scale=None):
-    """Angle-fused: h_t = decay_t G_t S_t h_{t-1} + u_t, G_t built from Givens angles (see givens_matrices),
+    """Angle-fused: h_t = decay_t G_t S_t h_{t-1} + u_t, G_t built from Givens angles (see scans.rotation_matrices),
     S_t = diag(1, scale_t, 1, scale_t, ...) (the identity when scale is None).
 
     angles (B,T,n,L,k/2), decay (B,T,n), u (B,T,n,k), h0 (B,n,k) or None, scale (B,T,n) or None

@@ -2,9 +2,9 @@
 
 Every op is the recurrence h_t = A_t h_{t-1} + B_t. Composing two steps, earlier (A1, B1) then
 later (A2, B2), gives (A2 A1, A2 B1 + B2): an associative operation with identity (I, 0).
-`chunked_scan` cuts time into chunks of CHUNK steps, scans each chunk by Hillis–Steele doubling
-(ceil(log2 CHUNK) rounds), scans the chunk totals the same way, and composes each chunk with the
-total of everything before it. The log-space op uses the same monoid on (log a, log b), with
+`chunked_scan` cuts time into chunks of CHUNK steps, walks every chunk step by step (all chunks at
+once, CHUNK - 1 dependent combines), scans the chunk totals by Hillis–Steele doubling, and composes
+each chunk with the total of everything before it. The log-space op uses the same monoid on (log a, log b), with
 multiplication turned into addition and addition into logaddexp; on long sequences each chunk
 is one cumsum and one logcumsumexp (see parallel_scan_log for its stability rule).
 Half-precision inputs are accumulated in float32.
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 CHUNK = 16
 LOG_CHUNK = 16
-DOUBLING_MAX_T = 128
+WALK_MAX_T = 128
 
 
 def hillis_steele(elems, combine, identity=None):
@@ -57,18 +57,33 @@ def chunk_prefixes(totals, combine, identity=None):
     return tuple(p[:, :-1].unsqueeze(2) for p in hillis_steele(totals, combine, identity))
 
 
+def walk(elems, combine):
+    """Inclusive scan along dim 1 of a tuple of tensors by T - 1 dependent combines, each over
+    everything else in the batch at once (unbind, not indexing: each index's backward would fill a
+    full-size tensor)."""
+    steps = [x.unbind(1) for x in elems]
+    acc = tuple(x[0] for x in steps)
+    out = [acc]
+    for later in zip(*(x[1:] for x in steps)):
+        acc = combine(acc, later)
+        out.append(acc)
+    return tuple(torch.stack(x, 1) for x in zip(*out))
+
+
 def chunked_scan(elems, combine, states_only=False, chunk=CHUNK, identity=None):
-    """The same inclusive scan as hillis_steele, in log2(chunk) full-size rounds plus one composition.
+    """The same inclusive scan as hillis_steele: every chunk walked step by step, all chunks at once
+    (chunk - 1 combines on tensors chunk times shorter than the sequence), the chunk totals scanned
+    by hillis_steele, and one composition over the whole sequence.
 
     states_only: return (None, B) and skip the transition products of the final composition.
     identity: as in hillis_steele.
     """
     T = elems[0].shape[1]
     if T <= chunk:
-        return hillis_steele(elems, combine, identity)
+        return walk(elems, combine)
     parts = [_chunks(x, chunk) for x in elems]
     B, N = parts[0].shape[:2]
-    local = hillis_steele(tuple(x.flatten(0, 1) for x in parts), combine, identity)
+    local = walk(tuple(x.flatten(0, 1) for x in parts), combine)
     local = tuple(x.reshape(B, N, *x.shape[1:]) for x in local)
     before = chunk_prefixes(tuple(x[:, :, -1] for x in local), combine, identity)
     rest = combine(before, tuple(x[:, 1:] for x in local), states_only)
@@ -85,9 +100,9 @@ def matrix_combine(earlier, later, states_only=False):
     return None if states_only else A2 @ A1, A2 @ B1 + B2
 
 
-def log_combine(earlier, later):
+def log_combine(earlier, later, states_only=False):
     (a1, s1), (a2, s2) = earlier, later
-    return a1 + a2, torch.logaddexp(s1 + a2, s2)
+    return None if states_only else a1 + a2, torch.logaddexp(s1 + a2, s2)
 
 
 def _acc(x):
@@ -120,9 +135,9 @@ def linear_recurrence(a, b, h0=None):
 
 def parallel_scan_log(log_coeffs, log_values):
     """Log-space scan; log h0 (slot 0 of log_values) joins last, so log h0 = -inf (h0 = 0) adds no
-    NaN to the gradients. Up to DOUBLING_MAX_T steps, or when some log a is -inf (a = 0, outside the
-    chunked formula's domain), it is Hillis–Steele over log_combine; beyond that, one cumsum and one
-    logcumsumexp per chunk of LOG_CHUNK steps replace the log2 T doubling rounds.
+    NaN to the gradients. Up to WALK_MAX_T steps, or when some log a is -inf (a = 0, outside the
+    closed form's domain), it is chunked_scan over log_combine; beyond that, one cumsum and one
+    logcumsumexp per chunk of LOG_CHUNK steps replace the CHUNK - 1 steps of each chunk's walk.
 
     Stability rule: inside a chunk, a*_t = cumsum(log a) restarts at 0, so |a*| <= LOG_CHUNK max|log a|
     and log h_t = a*_t + logcumsumexp(log b - a*)_t loses at most about 2^-24 LOG_CHUNK max|log a| to
@@ -132,9 +147,9 @@ def parallel_scan_log(log_coeffs, log_values):
     lc, lv = _upcast(log_coeffs, log_values)
     T = lc.shape[1]
     log_h0 = lv[:, :1]
-    # Under torch.compile doubling is always taken: the -inf test reads tensor data (a graph break).
-    if T <= DOUBLING_MAX_T or torch.compiler.is_compiling() or torch.isneginf(lc).any():
-        a_star, s = hillis_steele((lc, lv[:, 1:]), log_combine)
+    # Under torch.compile the walk is always taken: the -inf test reads tensor data (a graph break).
+    if T <= WALK_MAX_T or torch.compiler.is_compiling() or torch.isneginf(lc).any():
+        a_star, s = chunked_scan((lc, lv[:, 1:]), log_combine)
         return torch.logaddexp(a_star + log_h0, s).exp().to(log_coeffs.dtype)
     a_star = _chunks(lc, LOG_CHUNK).cumsum(2)
     s = a_star + torch.logcumsumexp(_chunks(lv[:, 1:], LOG_CHUNK) - a_star, 2)
@@ -166,34 +181,39 @@ def unit_lower_solve(L, R):
     return torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True)
 
 
-def givens_matrices(angles, decay):
-    """Dense transitions decay * G_L ... G_1 (..., k, k) from brick-wall Givens layers.
-
-    Layer l rotates the disjoint pairs (i, (i+1) % k), i = l%2, l%2+2, ..., by angles[..., l, i//2]:
-    even layers pair (0,1),(2,3)...; odd layers (1,2),...,(k-1,0), a cyclic brick wall.
-    """
-    L, half = angles.shape[-2], angles.shape[-1]
-    k = 2 * half
-    M = torch.eye(k, dtype=angles.dtype, device=angles.device).expand(*angles.shape[:-2], k, k)
-    for layer in range(L):
-        p = torch.arange(layer % 2, k, 2, device=angles.device)
-        q = (p + 1) % k
-        c, s = angles[..., layer, :].cos().unsqueeze(-1), angles[..., layer, :].sin().unsqueeze(-1)
-        Mp, Mq = M[..., p, :], M[..., q, :]
-        # p and q together cover every row once, so the empty rows are all overwritten
-        M = torch.empty_like(M).index_copy(-2, p, c * Mp - s * Mq).index_copy(-2, q, s * Mp + c * Mq)
-    return decay[..., None, None] * M
+def _block_diagonal(blocks):
+    """(..., m, 2, 2) blocks -> the (..., 2m, 2m) matrix with them on its diagonal."""
+    m = blocks.shape[-3]
+    if m == 1:
+        return blocks[..., 0, :, :]
+    grid = torch.diag_embed(blocks.movedim(-3, -1))  # (..., 2, 2, m, m): block (j, j) holds blocks[j]
+    lead = grid.dim() - 4
+    return grid.permute(*range(lead), lead + 2, lead, lead + 3, lead + 1).reshape(*blocks.shape[:-3], 2 * m, 2 * m)
 
 
 def rotation_matrices(angles, decay, scale=None):
-    """rotation_recurrence's dense transitions decay * G_L ... G_1 S (..., k, k), in the inputs'
-    dtype, with S = diag(1, s, 1, s, ...) from scale (...) (the identity when scale is None)."""
-    M = givens_matrices(angles, decay)
-    if scale is None:
-        return M
-    odd = torch.arange(M.shape[-1], device=M.device) % 2 == 1  # M @ S scales the odd columns
-    s = scale[..., None, None]
-    return M * torch.where(odd, s, torch.ones_like(s))
+    """rotation_recurrence's dense transitions decay * G_L ... G_1 S (..., k, k), in the inputs' dtype.
+
+    Layer l rotates the disjoint pairs (i, (i+1) % k), i = l%2, l%2+2, ..., by angles[..., l, i//2]:
+    even layers pair (0,1),(2,3)...; odd layers (1,2),...,(k-1,0), a cyclic brick wall.
+    S = diag(1, s, 1, s, ...) from scale (...) (the identity when scale is None). decay and S enter
+    the first layer's 2x2 blocks entry by entry, decay (c, -s s_odd; s, c s_odd); later layers
+    pair rows by a reshape to (k/2, 2), after a roll by one row on odd layers. No gather, index
+    copy or reduction over a whole matrix: on a CPU those cost more than the rotations.
+    """
+    L, half = angles.shape[-2], angles.shape[-1]
+    c, s = angles[..., 0, :].cos() * decay[..., None], angles[..., 0, :].sin() * decay[..., None]
+    c_odd, s_odd = (c, s) if scale is None else (c * scale[..., None], s * scale[..., None])
+    M = _block_diagonal(torch.stack([c, -s_odd, s, c_odd], -1).unflatten(-1, (2, 2)))
+    for layer in range(1, L):
+        odd = layer % 2
+        pairs = (M.roll(-1, -2) if odd else M).unflatten(-2, (half, 2))  # pair j: rows p = 2j+odd, q = p+1
+        c, s = angles[..., layer, :].cos().unsqueeze(-1), angles[..., layer, :].sin().unsqueeze(-1)
+        Mp, Mq = pairs[..., 0, :], pairs[..., 1, :]
+        M = torch.stack([c * Mp - s * Mq, s * Mp + c * Mq], -2).flatten(-3, -2)
+        if odd:
+            M = M.roll(1, -2)
+    return M
 
 
 def rotation_recurrence(angles, decay, u, h0=None, scale=None):

@@ -143,12 +143,16 @@ def test_rotation_recurrence(T, k, L):
     _check(mingru.rotation_recurrence, naive.rotation_recurrence_naive, [angles, decay, u, h0], atol=1e-4, rtol=1e-4)
 
 
-def test_givens_matrices_are_decayed_rotations():
-    angles, decay = torch.randn(5, 3, 6, 4, dtype=torch.float64), torch.rand(5, 3, dtype=torch.float64)
-    M = scans.givens_matrices(angles, decay)
+@pytest.mark.parametrize("k,L", [(2, 1), (2, 2), (8, 1), (8, 4)])
+def test_rotation_matrices_are_decayed_rotations(k, L):
+    angles, decay = torch.randn(5, 3, L, k // 2, dtype=torch.float64), torch.rand(5, 3, dtype=torch.float64)
+    M = scans.rotation_matrices(angles, decay)
     torch.testing.assert_close(M, naive.givens_matrices_naive(angles, decay))
-    eye = torch.eye(8, dtype=torch.float64).expand_as(M)
+    eye = torch.eye(k, dtype=torch.float64).expand_as(M)
     torch.testing.assert_close(M @ M.mT, decay[..., None, None] ** 2 * eye)
+    scale = torch.rand(5, 3, dtype=torch.float64)  # S = diag(1, s, 1, s, ...) on the right
+    S = torch.diag_embed(torch.stack([torch.ones_like(scale), scale], -1).repeat(1, 1, k // 2))
+    torch.testing.assert_close(scans.rotation_matrices(angles, decay, scale), M @ S)
 
 
 @pytest.mark.parametrize("op,make", [

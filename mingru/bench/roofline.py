@@ -54,7 +54,7 @@ def point(op, B, T, D, direction, device, copy_gbps, quick):
             if not ok:
                 return {**row, "us": None, "status": wrong(err, "eager")}
         except torch.cuda.OutOfMemoryError:
-            # The eager Hillis-Steele reference keeps log2(T) full-size levels for its backward.
+            # The eager reference keeps every step of its chunked scan (and dense transitions) for its backward.
             torch.cuda.empty_cache()
             status = "ok (unchecked: the eager reference ran out of memory)"
         got = want = None  # free both before timing
