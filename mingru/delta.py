@@ -111,7 +111,8 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     in float32 and the results cast back. The UT transform and the chaining of the chunk-to-chunk
     affine maps go through the dispatch seam (`unit_lower_solve`, `matrix_recurrence`): Triton
     kernels on CUDA where MINGRU_SCAN allows. `across` picks the eager chaining: "loop" (one
-    batched matmul a chunk) or "scan" (log-depth doubling, more arithmetic in fewer launches).
+    batched matmul a chunk) or "scan" (scans.matrix_recurrence: the chunked scan, whose
+    Hillis–Steele over the chunk totals takes fewer launches than the loop when there are many).
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
     if not isinstance(chunk_size, int) or chunk_size <= 0:
