@@ -245,3 +245,29 @@ def test_unknown_harness_is_refused(capsys):
     assert "unknown harness sped" in capsys.readouterr().err
 
 
+
+
+def _faulty_peers(monkeypatch, error):
+    """peers.competitors with a middle entry whose input preparation raises `error`, the others absent."""
+    def prepare(g, x, h0):
+        raise error
+    entries = {"before": (None, None, (), None, "absent"), "faulty": (lambda *xs: xs[0], prepare, ("g",), None, None),
+               "after": (None, None, (), None, "absent")}
+    monkeypatch.setattr(peers, "competitors", lambda: entries)
+    monkeypatch.setattr(peers, "delta_competitors", lambda: {})
+
+
+def test_peers_keep_their_rows_after_a_cuda_error(monkeypatch):
+    _faulty_peers(monkeypatch, RuntimeError("CUDA error: an illegal memory access was encountered"))
+    rows = peers.measure(torch.device("cpu"), True, {"triton_interpret": True})
+    status = {r["competitor"]: r["status"] for r in rows}
+    assert len(rows) == 6 and status["before"] == "absent"
+    assert status["faulty"].startswith("failed: RuntimeError: CUDA error: an illegal memory access")
+    assert status["after"].startswith("not run: a CUDA error surfaced at faulty 1-8-4")
+    assert peers.summarize(rows, {})["notes"][-1].endswith(": 2")
+
+
+def test_peers_raise_other_errors(monkeypatch):
+    _faulty_peers(monkeypatch, ValueError("a bug of ours"))
+    with pytest.raises(ValueError, match="a bug of ours"):
+        peers.measure(torch.device("cpu"), True, {"triton_interpret": True})

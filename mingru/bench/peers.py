@@ -96,8 +96,7 @@ def race_delta(name, entry, B, T, H, d, device, quick, runnable):
     """Rows (fwd, fwd+bwd) of one delta-rule competitor; D = H * d. Reference: our chunked delta
     rule in float64 (the tests hold it to the token-by-token oracle)."""
     fn, why = entry
-    rows = [{"competitor": name, "B": B, "T": T, "D": H * d, "dtype": "bfloat16", "direction": dr}
-            for dr in ("fwd", "fwd+bwd")]
+    rows = _rows(name, (B, T, H, d), True)
     if fn is None or not runnable:
         return [{**r, "us": None, "status": why or SKIPPED} for r in rows]
     q, v = torch.randn(B, T, H, d, device=device), torch.randn(B, T, H, d, device=device)
@@ -112,8 +111,7 @@ def race_delta(name, entry, B, T, H, d, device, quick, runnable):
 def race(name, entry, B, T, D, device, quick, runnable):
     """Rows (fwd, fwd+bwd) of one competitor at one shape."""
     fn, prepare, names, reference, why = entry
-    rows = [{"competitor": name, "B": B, "T": T, "D": D, "dtype": "float32", "direction": d}
-            for d in ("fwd", "fwd+bwd")]
+    rows = _rows(name, (B, T, D), False)
     if fn is None:
         return [{**r, "us": None, "status": why} for r in rows]
     if not runnable:
@@ -183,21 +181,47 @@ def compile_plan(device, quick, env, keep=lambda name: True):
     return [("mingru.bench.peers:warm_race", [(n, s, device, quick) for n, s, _ in _todo(quick, keep) if n in present])]
 
 
+def _rows(name, shape, is_delta):
+    """The (fwd, fwd+bwd) rows of one competitor at one shape, before anything is measured."""
+    B, T = shape[:2]
+    D, dtype = (shape[2] * shape[3], "bfloat16") if is_delta else (shape[2], "float32")
+    return [{"competitor": name, "B": B, "T": T, "D": D, "dtype": dtype, "direction": d} for d in ("fwd", "fwd+bwd")]
+
+
+def context_fault(exc):
+    """Whether `exc` is a CUDA error, which leaves this process's CUDA context unusable (an illegal
+    address in any kernel is reported at some later call, so it can surface in another case)."""
+    return "CUDA error" in str(exc) or type(exc).__name__ == "AcceleratorError"
+
+
 def measure(device, quick, env, keep=lambda name: True):
+    """Every row pair of _todo. A CUDA error ends the measuring: the case where it surfaced and every
+    later one become rows saying so, and the rows measured before it are kept."""
     entries, delta = competitors(), delta_competitors()
     runnable = cases.kernels_run(device, env)
-    rows = []
+    rows, fault = [], None
     for name, shape, is_delta in Sweep("peers", _todo(quick, keep),
                                        lambda c: f"{c[0]} " + "-".join(map(str, c[1]))):
-        if is_delta:
-            rows += race_delta(name, delta[name], *shape, device, quick, runnable)
-        else:
-            rows += race(name, entries[name], *shape, device, quick, runnable)
+        if fault:
+            rows += [{**r, "us": None, "status": fault} for r in _rows(name, shape, is_delta)]
+            continue
+        try:
+            if is_delta:
+                rows += race_delta(name, delta[name], *shape, device, quick, runnable)
+            else:
+                rows += race(name, entries[name], *shape, device, quick, runnable)
+        except Exception as exc:  # noqa: BLE001  (only a CUDA error is turned into rows)
+            if not context_fault(exc):
+                raise
+            rows += [{**r, "us": None, "status": failure(exc)} for r in _rows(name, shape, is_delta)]
+            case = f"{name} " + "-".join(map(str, shape))
+            fault = f"not run: a CUDA error surfaced at {case} (possibly from the case before it)"
     return rows
 
 
 def summarize(rows, env):
     losses = _compare(rows)
+    not_run = sum(1 for r in rows if str(r.get("status", "")).startswith("not run"))
     return {
         "gate": {"out_and_grad": GATE, "why": "float32 against the eager scan in float64"},
         "goal": GOAL,
@@ -213,7 +237,8 @@ def summarize(rows, env):
                   "a caller holding (B, T, D) tensors pays",
                   "delta-rule rows (mingru.delta_rule_chunked, fla.chunk_delta_rule): D = heads x head width, "
                   f"heads {DELTA_SHAPES[0][2]}, one micro-step per token (nh = 1), no decay; gate: {DELTA_GATE['why']}",
-                  "rows where a peer beats us by GPU clock: " + ("; ".join(losses) or "none")],
+                  "rows where a peer beats us by GPU clock: " + ("; ".join(losses) or "none"),
+                  f"rows not run after a CUDA error in this process: {not_run}"],
     }
 
 
