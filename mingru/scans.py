@@ -2,11 +2,12 @@
 
 Every op is the recurrence h_t = A_t h_{t-1} + B_t. Composing two steps, earlier (A1, B1) then
 later (A2, B2), gives (A2 A1, A2 B1 + B2): an associative operation with identity (I, 0).
-`chunked_scan` cuts time into chunks of CHUNK steps, walks every chunk step by step (all chunks at
-once, CHUNK - 1 dependent combines), scans the chunk totals by Hillis–Steele doubling, and composes
-each chunk with the total of everything before it. The log-space op uses the same monoid on (log a, log b), with
-multiplication turned into addition and addition into logaddexp; on long sequences each chunk
-is one cumsum and one logcumsumexp (see parallel_scan_log for its stability rule).
+`chunked_scan` cuts time into chunks of CHUNK steps, walks every chunk step by step (all chunks
+at once, CHUNK - 1 dependent combines), scans the chunk totals by Hillis–Steele doubling, and
+composes each chunk with the total of everything before it. The log-space op uses the same monoid
+on (log a, log b), with multiplication turned into addition and addition into logaddexp; on long
+sequences each chunk is one cumsum and one logcumsumexp (see parallel_scan_log for its stability
+rule).
 Half-precision inputs are accumulated in float32.
 """
 import torch

@@ -188,7 +188,7 @@ def _rows(name, shape, is_delta):
     return [{"competitor": name, "B": B, "T": T, "D": D, "dtype": dtype, "direction": d} for d in ("fwd", "fwd+bwd")]
 
 
-def context_fault(exc):
+def _context_fault(exc):
     """Whether `exc` is a CUDA error, which leaves this process's CUDA context unusable (an illegal
     address in any kernel is reported at some later call, so it can surface in another case)."""
     return "CUDA error" in str(exc) or type(exc).__name__ == "AcceleratorError"
@@ -211,7 +211,7 @@ def measure(device, quick, env, keep=lambda name: True):
             else:
                 rows += race(name, entries[name], *shape, device, quick, runnable)
         except Exception as exc:  # noqa: BLE001  (only a CUDA error is turned into rows)
-            if not context_fault(exc):
+            if not _context_fault(exc):
                 raise
             rows += [{**r, "us": None, "status": failure(exc)} for r in _rows(name, shape, is_delta)]
             case = f"{name} " + "-".join(map(str, shape))
