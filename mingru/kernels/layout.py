@@ -3,8 +3,9 @@ in `mingru.kernels`).
 
 Every family gets a `Plan`. The block (lanes per program) is the family's own rule; the time split
 is shared: when the lane blocks alone leave the GPU short of programs, T is cut into segments,
-each at least a minimum length, until there are about PROGRAMS_PER_SM programs per SM. A split
-costs a first pass over the inputs (each segment's aggregate), so long blocks of work stay whole.
+each at least a minimum length, until there are about a target number of programs per SM (the
+family's own). A split costs a first pass over the inputs (each segment's aggregate), so long
+blocks of work stay whole.
 Plans are cached per concrete shape and device; `forced_layout` overrides them for tests and
 benchmark harnesses.
 """
@@ -16,7 +17,7 @@ import torch
 
 from mingru.kernels.common import cdiv, next_pow2
 
-PROGRAMS_PER_SM = 4  # the target of a time split
+MATRIX_PROGRAMS_PER_SM = 4  # the target of a matrix walk's time split
 CPU_SMS = 4  # what the interpreter counts as SMs, so CPU tests take the splits a small GPU takes
 
 
@@ -50,15 +51,15 @@ def sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SMS
 
 
-def split_time(T, programs, sms, tile, min_len, min_segments, split_below, forced=0):
+def split_time(T, programs, sms, tile, min_len, min_segments, split_below, per_sm, forced=0):
     """(segments, seg_len) for `programs` lane blocks walking T steps.
 
     Split only with fewer than split_below * sms programs and room for min_segments segments of
-    min_len steps; then aim at PROGRAMS_PER_SM programs per SM. seg_len is a multiple of tile.
+    min_len steps; then aim at per_sm programs per SM. seg_len is a multiple of tile.
     """
     segments = forced or 1
     if not forced and programs < split_below * sms and T // min_len >= min_segments:
-        segments = min(cdiv(PROGRAMS_PER_SM * sms, programs), T // min_len)
+        segments = min(cdiv(per_sm * sms, programs), T // min_len)
     seg_len = cdiv(cdiv(T, segments), tile) * tile
     return cdiv(T, seg_len), seg_len
 
@@ -70,16 +71,18 @@ DIAGONAL_TILES = {
     ("forward", "scan"): (64, 64, 4, 3, False),
     ("forward", "rec"): (64, 64, 4, 3, False),
     ("forward", "log"): (32, 64, 4, 1, True),
-    ("backward", "scan"): (32, 64, 4, 3, False),
-    ("backward", "rec"): (32, 64, 4, 3, False),
+    ("backward", "scan"): (64, 64, 4, 3, False),
+    ("backward", "rec"): (64, 64, 4, 3, False),
     ("backward", "log"): (32, 64, 4, 3, False),
 }
-DIAGONAL_MIN_TILES = 4  # a time segment is at least this many tiles long
+DIAGONAL_MIN_TILES = 1  # a time segment is at least this many tiles long
+DIAGONAL_PROGRAMS_PER_SM = 8  # the target of a time split: each program's walk is a chain of
+                              # dependent tiles, so more and shorter walks keep more loads in flight
 
 
 def diagonal(B, T, D, device, direction, form):
     """Plan of a (B, T, D) diagonal scan: a tile of DIAGONAL_TILES (no longer than T, block no wider
-    than D); time split only below one program per SM."""
+    than D); time split only below one program per SM, then up to DIAGONAL_PROGRAMS_PER_SM."""
     # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which do not hash
     return _diagonal(int(B), int(T), int(D), sm_count(device), DIAGONAL_TILES[direction, form], _forced)
 
@@ -89,7 +92,8 @@ def _diagonal(B, T, D, sms, tiles, forced):
     tile, block, warps, stages, prefetch = tiles
     tile = forced[0] or min(tile, next_pow2(T))
     block = forced[2] or min(block, next_pow2(D))
-    segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, DIAGONAL_MIN_TILES * tile, 2, 1, forced[1])
+    segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, DIAGONAL_MIN_TILES * tile, 2, 1,
+                                   DIAGONAL_PROGRAMS_PER_SM, forced[1])
     return Plan(block, tile, segments, seg_len, warps, stages, prefetch)
 
 
@@ -103,7 +107,7 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 def matrix(lanes, T, k, width, device):
     """Plan of a walk over `lanes` states of k x `width` along T steps: the most lanes (a power of
     two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
-    so T is split below PROGRAMS_PER_SM programs per SM once it holds four minimum segments."""
+    so T is split below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), _forced)
 
 
@@ -113,8 +117,8 @@ def _matrix(lanes, T, k, width, sms, forced):
     if block == 2 and not forced[2]:
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
     tile = forced[0] or MATRIX_TILE
-    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, PROGRAMS_PER_SM,
-                                   forced[1])
+    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, MATRIX_PROGRAMS_PER_SM,
+                                   MATRIX_PROGRAMS_PER_SM, forced[1])
     return Plan(block, tile, segments, seg_len if segments > 1 else T, 4, 1)
 
 
