@@ -23,6 +23,7 @@ TRITON_IMPLS = {
     "linear_scan": "mingru.kernels.diagonal:linear_scan",
     "linear_recurrence": "mingru.kernels.diagonal:linear_recurrence",
     "parallel_scan_log": "mingru.kernels.diagonal:parallel_scan_log",
+    "gated_recurrence": "mingru.kernels.diagonal:gated_recurrence",
     "matrix_scan": "mingru.kernels.matrix:matrix_scan",
     "matrix_affine_scan": "mingru.kernels.matrix:matrix_affine_scan",
     "matrix_recurrence": "mingru.kernels.matrix:matrix_recurrence",

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from mingru import dispatch, ops, scans
 
@@ -85,6 +86,18 @@ class _Log(_Diagonal):
         return log_P.exp() * e
 
 
+class _Gated(_Log):
+    """gated_recurrence(k, cand, h0): _Log's fix-up, with log a = log(1 - sigmoid(k)) = -softplus(k)."""
+    op = staticmethod(ops.gated_recurrence)
+
+    def inputs(self, args):
+        return args[:2]
+
+    def zero_part(self, args):
+        k, cand, _ = args
+        return self.op(k, cand, None), torch.cumsum(-F.softplus(k.to(_acc_dtype(k.dtype))), 1)
+
+
 class _Matrix:
     """matrix_recurrence(A, X, h0): rerun with h0 = carry; P_r by a pairwise product tree."""
     op = staticmethod(ops.matrix_recurrence)
@@ -133,7 +146,7 @@ class _Rotation(_Matrix):
 
 
 KINDS = {"linear_recurrence": _Diagonal(), "parallel_scan_log": _Log(),
-         "matrix_recurrence": _Matrix(), "rotation_recurrence": _Rotation()}
+         "matrix_recurrence": _Matrix(), "rotation_recurrence": _Rotation(), "gated_recurrence": _Gated()}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -177,7 +190,7 @@ def _carry_shape(name, args):
 
 
 def _transition_shape(name, args):
-    if name in ("linear_recurrence", "parallel_scan_log"):
+    if name in ("linear_recurrence", "parallel_scan_log", "gated_recurrence"):
         return _carry_shape(name, args)
     k = _carry_shape(name, args)[2]
     return _carry_shape(name, args)[:2] + (k, k)
@@ -321,6 +334,7 @@ def _sharded_op(name):
 
 linear_recurrence = _sharded_op("linear_recurrence")
 parallel_scan_log = _sharded_op("parallel_scan_log")
+gated_recurrence = _sharded_op("gated_recurrence")
 matrix_recurrence = _sharded_op("matrix_recurrence")
 rotation_recurrence = _sharded_op("rotation_recurrence")
 

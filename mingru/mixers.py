@@ -9,23 +9,12 @@ in `step` scales A_t by gamma_t = exp(-lambda f(delta_t)) (see `mingru.decay`).
 Parameter names and shapes are the published ones: one nn.Linear per projection.
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mingru import ops, scans
 from mingru.decay import DecayMixin
+from mingru.scans import g
 from mingru.validate import data_checkable
-
-
-def g(x):
-    """minGRU's positive candidate activation: x + 1/2 for x >= 0, sigmoid(x) below."""
-    return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
-
-
-def log_g(x):
-    """log g(x), finite with a finite gradient everywhere (the unselected branch sees x = 0)."""
-    safe = torch.where(x >= 0, x, torch.zeros_like(x))
-    return torch.where(x >= 0, (safe + 0.5).log(), -F.softplus(-x))
 
 
 def _linears(input_size, sizes, bias):
@@ -83,7 +72,9 @@ class _Mixer(DecayMixin, nn.Module):
 class MinGRU(_Mixer):
     """h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(h~_t), z = sigmoid(linear_z x), h~ = linear_h x.
 
-    Run in log space by `parallel_scan_log`, so states stay positive. The default initial state
+    `gated_recurrence` runs it from the pre-activations k and h~ (on CUDA one kernel computes the
+    gates as it loads them; the eager reference works in log space, so states stay positive); with
+    decay, `parallel_scan_log` runs it on the log gates plus log gamma. The default initial state
     is g(0) = 0.5, or g(h0_pre) with `learnable_h0`; a given h_0 must be >= 0 (a real state).
     """
 
@@ -104,13 +95,12 @@ class MinGRU(_Mixer):
         if given:
             _check_nonnegative(h_0)
         k, cand = self._project(x, self.linear_z, self.linear_h)
-        log_coeffs = -F.softplus(k)  # log(1 - z)
+        h_0 = h_0[:, 0].to(k.dtype)
         dt = self._dt(delta_t, x)
-        if dt is not None:
-            log_coeffs = log_coeffs + self._decay_log_gamma(dt)
-        log_h0 = h_0.clamp_min(torch.finfo(h_0.dtype).tiny).log().to(k.dtype)
-        log_values = torch.cat([log_h0, -F.softplus(-k) + log_g(cand)], dim=1)  # log z + log g(h~)
-        return ops.parallel_scan_log(log_coeffs.to(k.dtype).expand_as(k), log_values)
+        if dt is None:  # the gates are computed inside the scan's kernel
+            return ops.gated_recurrence(k, cand, h_0)
+        log_coeffs, log_values = scans.gated_log_inputs(k, cand, h_0, self._decay_log_gamma(dt))
+        return ops.parallel_scan_log(log_coeffs.expand_as(k), log_values)
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):

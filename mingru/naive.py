@@ -37,6 +37,17 @@ def parallel_scan_log_naive(log_coeffs, log_values):
     return torch.stack(out, 1).exp()
 
 
+def gated_recurrence_naive(k, cand, h0):
+    k, cand, h = k.double(), cand.double(), h0.double()
+    z = torch.sigmoid(k)
+    g = torch.where(cand >= 0, cand + 0.5, torch.sigmoid(cand))
+    out = []
+    for t in range(k.shape[1]):
+        h = (1 - z[:, t]) * h + z[:, t] * g[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
 def matrix_affine_scan_naive(A, Bm):
     A, Bm = A.double(), Bm.double()
     k = A.shape[-1]

@@ -35,6 +35,21 @@ def parallel_scan_log(log_coeffs, log_values):
     return dispatch("parallel_scan_log", scans.parallel_scan_log, log_coeffs, log_values)
 
 
+def gated_recurrence(k, cand, h0=None):
+    """minGRU from its pre-activations: h_t = (1 - z_t) h_{t-1} + z_t g(cand_t), z = sigmoid(k),
+    g(x) = x + 1/2 for x >= 0 and sigmoid(x) below. k, cand (B,T,D), h0 (B,D) >= 0 (zeros if None)
+    -> h (B,T,D).
+
+    The same recurrence as parallel_scan_log on `scans.gated_log_inputs`; the kernel computes the
+    gates from k and cand as it loads them and returns their gradients, so no gate tensor is stored.
+    """
+    _checked("gated_recurrence", [("k", k, ("B", "T", "D")), ("cand", cand, ("B", "T", "D")),
+                                  ("h0", h0, ("B", "D"))])
+    if h0 is None:
+        h0 = k.new_zeros(k.shape[0], k.shape[2])
+    return dispatch("gated_recurrence", scans.gated_recurrence, k, cand, h0)
+
+
 def matrix_scan(M, b):
     """2x2 scan. M (B,T,n,2,2), b (B,T,n,2) -> (A (B,T,n,2,2), Bc (B,T,n,2))."""
     _checked("matrix_scan", [("M", M, ("B", "T", "n", 2, 2)), ("b", b, ("B", "T", "n", 2))])

@@ -161,6 +161,32 @@ def parallel_scan_log(log_coeffs, log_values):
     return _unchunk(log_h, T).exp().to(log_coeffs.dtype)
 
 
+def g(x):
+    """minGRU's positive candidate activation: x + 1/2 for x >= 0, sigmoid(x) below."""
+    return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
+
+
+def log_g(x):
+    """log g(x), finite with a finite gradient everywhere (the unselected branch sees x = 0)."""
+    safe = torch.where(x >= 0, x, torch.zeros_like(x))
+    return torch.where(x >= 0, (safe + 0.5).log(), -F.softplus(-x))
+
+
+def gated_log_inputs(k, cand, h0, log_gamma=None):
+    """parallel_scan_log's inputs for minGRU's h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(cand_t),
+    z = sigmoid(k): log(1 - z) = -softplus(k) (plus log gamma), log z = -softplus(-k). h0 (B, D)
+    is clamped at the smallest normal number before its log, so h0 = 0 is a state of e^-87, not -inf."""
+    log_coeffs = -F.softplus(k) if log_gamma is None else -F.softplus(k) + log_gamma
+    log_h0 = h0.clamp_min(torch.finfo(h0.dtype).tiny).log().unsqueeze(1)
+    return log_coeffs.to(k.dtype), torch.cat([log_h0, -F.softplus(-k) + log_g(cand)], 1)
+
+
+def gated_recurrence(k, cand, h0):
+    """minGRU from its pre-activations: h_t = (1 - z_t) h_{t-1} + z_t g(cand_t), z = sigmoid(k),
+    run in log space (`gated_log_inputs`, then parallel_scan_log)."""
+    return parallel_scan_log(*gated_log_inputs(k, cand, h0))
+
+
 def matrix_affine_scan(A, Bm):
     Abar, Bbar = chunked_scan(_upcast(A, Bm), matrix_combine)
     return Abar.to(A.dtype), Bbar.to(A.dtype)

@@ -14,6 +14,7 @@ from mingru.bench import parity, scaling
 from mingru.bench.timing import scan_impl
 
 OP_DIMS = {"linear_recurrence": dict(B=2, D=3, h0=True), "parallel_scan_log": dict(B=2, D=3),
+           "gated_recurrence": dict(B=2, D=3),
            "matrix_recurrence": dict(B=2, n=2, k=2, v=2, h0=True),
            "rotation_recurrence": dict(B=1, n=2, k=4, L=2, h0=True)}
 MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU[generic]")

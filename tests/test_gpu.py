@@ -22,7 +22,7 @@ MIXERS = {
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
 }
-OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "matrix_scan", "matrix_affine_scan",
+OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "matrix_scan", "matrix_affine_scan",
        "matrix_recurrence", "rotation_recurrence"]
 # float32 throughout; the kernels and the eager reference sum in different orders
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -36,6 +36,7 @@ def _op_args():
         "linear_scan": (r(2, 37, 24), r(2, 37, 24)),
         "linear_recurrence": (p(2, 37, 24), r(2, 37, 24), r(2, 24)),
         "parallel_scan_log": (-p(2, 37, 24), r(2, 38, 24)),
+        "gated_recurrence": (r(2, 37, 24), r(2, 37, 24), p(2, 24)),
         "matrix_scan": (r(2, 37, 3, 2, 2) * 0.5, r(2, 37, 3, 2)),
         "matrix_affine_scan": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2)),
         "matrix_recurrence": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2), r(2, 3, 4, 2)),

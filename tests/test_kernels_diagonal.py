@@ -1,4 +1,5 @@
-"""Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log) vs the float64 loops.
+"""Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log, gated_recurrence) vs the
+float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
 shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the two-pass
@@ -37,6 +38,8 @@ def _inputs(op, B, T, D, dtype, device, seed=0):
         xs = [_signed(g, B, T, D), torch.randn(B, T, D, generator=g)]
     elif op == "linear_recurrence":
         xs = [_signed(g, B, T, D), torch.randn(B, T, D, generator=g), torch.randn(B, D, generator=g)]
+    elif op == "gated_recurrence":  # pre-activations wide enough to saturate some gates
+        xs = [3 * torch.randn(B, T, D, generator=g), 2 * torch.randn(B, T, D, generator=g), torch.rand(B, D, generator=g)]
     else:
         xs = [-F.softplus(torch.randn(B, T, D, generator=g)), torch.randn(B, T + 1, D, generator=g)]
     return [x.to(device=device, dtype=dtype) for x in xs]
@@ -47,6 +50,7 @@ OPS = {
     "linear_recurrence": (mingru.linear_recurrence, naive.linear_recurrence_naive),
     "linear_recurrence-no_h0": (lambda a, b: mingru.linear_recurrence(a, b), naive.linear_recurrence_naive),
     "parallel_scan_log": (mingru.parallel_scan_log, naive.parallel_scan_log_naive),
+    "gated_recurrence": (mingru.gated_recurrence, naive.gated_recurrence_naive),
 }
 
 

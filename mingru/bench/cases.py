@@ -3,7 +3,7 @@
 A subject is an op name ("linear_scan") or a mixer name with its path ("GivensMinGRU[fused]").
 Its dims: B, T and D for the diagonal ops; B, T, n blocks of k (x v) for the matrix ops; n, k and
 L Givens layers for rotation_recurrence; B, T, d (and GivensMinGRU's k, L) for the mixers;
-h0=True adds a start state.
+h0=True adds a start state (gated_recurrence always takes one).
 """
 import math
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import mingru
 from mingru import naive
 
-DIAGONAL = ("linear_scan", "linear_recurrence", "parallel_scan_log")
+DIAGONAL = ("linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence")
 OPS = DIAGONAL + ("matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence")
 MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU[fused]", "GivensMinGRU[generic]")
 
@@ -84,6 +84,9 @@ def op_inputs(op, dims, dtype=torch.float32, device="cpu"):
     if op == "parallel_scan_log":
         D = dims["D"]
         xs = (-F.softplus(randn(B, T, D)), randn(B, T + 1, D))
+    elif op == "gated_recurrence":  # MinGRU's pre-activations; its state is never negative
+        D = dims["D"]
+        xs = (randn(B, T, D), randn(B, T, D), torch.rand(B, D, device=device))
     elif op in DIAGONAL:
         D = dims["D"]
         xs = (_signed(B, T, D, device=device), randn(B, T, D))

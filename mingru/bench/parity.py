@@ -42,7 +42,7 @@ WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no p
 # DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and the wide
 # matrix_recurrence that chains them) are not scans of their own in the speed tables
 MIXERS = cases.MIXERS + ("DeltaMinGRU",)
-FAMILY = {"parallel_scan_log": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
+FAMILY = {"parallel_scan_log": "log", "gated_recurrence": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
           "GivensMinGRU[fused]": "rotation", "RotationMinGRU": "rotation"}
 
 

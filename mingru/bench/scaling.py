@@ -63,7 +63,7 @@ def _subject(name, dims, dtype, device, seed):
     return job.requiring_grad(), cot
 
 
-H0_OPS = ("linear_recurrence", "matrix_recurrence", "rotation_recurrence")
+H0_OPS = ("linear_recurrence", "gated_recurrence", "matrix_recurrence", "rotation_recurrence")
 
 
 def _time_parts(name, inputs, start, stop):

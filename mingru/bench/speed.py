@@ -35,6 +35,7 @@ def subjects(width, k=8, layers=3):
     yield "linear_scan", dict(D=width)
     yield "linear_recurrence", dict(D=width)
     yield "parallel_scan_log", dict(D=width)
+    yield "gated_recurrence", dict(D=width)                          # MinGRU's path
     yield "matrix_scan", dict(n=width // 2)
     yield "matrix_affine_scan", dict(n=width // k, k=k, v=1)
     yield "matrix_recurrence", dict(n=width // k, k=k, v=1)        # GivensMinGRU's generic path

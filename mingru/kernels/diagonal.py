@@ -1,11 +1,14 @@
-"""Triton kernels for the elementwise-in-D scans: linear_scan, linear_recurrence, parallel_scan_log.
+"""Triton kernels for the elementwise-in-D scans: linear_scan, linear_recurrence, parallel_scan_log,
+gated_recurrence.
 
-All three are the affine monoid of `core` run along time, one lane per channel. One forward
-kernel and one backward kernel serve the three ops through the constexpr MODE:
+All four are the affine monoid of `core` run along time, one lane per channel. One forward
+kernel and one backward kernel serve the four ops through the constexpr MODE:
 
   SCAN  linear_scan(a, b) -> (A, Bc)        the prefix: A_t = prod a,  Bc_t = a_t Bc_{t-1} + b_t
   REC   linear_recurrence(a, b, h0) -> h    the same, from h0, without the prefix products
   LOG   parallel_scan_log(lc, lv) -> h      h_t = e^{lc_t} h_{t-1} + e^{lv_t}, h_0 = e^{lv_0}
+  GATE  gated_recurrence(k, c, h0) -> h     REC with a_t = 1 - z_t, b_t = z_t g(c_t), z = sigmoid(k),
+                                            the gates computed from k and c as the tiles load
 
 The backward is the same monoid in reverse time: lam_t = g_t + a_{t+1} lam_{t+1}, read from the
 forward's inputs and outputs only (no division, so a_t = 0 is fine).
@@ -29,7 +32,8 @@ from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
 LOG: tl.constexpr = tl.constexpr(2)
-FORMS = ("scan", "rec", "log")  # the planner's name of each MODE
+GATE: tl.constexpr = tl.constexpr(3)
+FORMS = ("scan", "rec", "log", "rec")  # the planner's name of each MODE (GATE walks like REC)
 
 
 @triton.jit
@@ -50,15 +54,30 @@ def _tile_offsets(t0, t_end, cols, cmask, D, TILE: tl.constexpr):
 
 
 @triton.jit
+def _candidate(c):
+    """minGRU's g(c) = c + 1/2 for c >= 0, sigmoid(c) below, and its derivative."""
+    s = tl.sigmoid(c)
+    return tl.where(c >= 0, c + 0.5, s), tl.where(c >= 0, 1.0, s * (1.0 - s))
+
+
+@triton.jit
 def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr):
-    """A forward tile, padded with the identity: (a, b) = (1, 0), or (lc, lv) = (0, -inf)."""
+    """A forward tile, padded with the identity: (a, b) = (1, 0), or (lc, lv) = (0, -inf); GATE
+    returns (1 - z, z g(c)) from the pre-activations (k = -inf pads: z = 0)."""
     if MODE == LOG:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
         y = tl.load(y_ptr + offs, mask=mask, other=float("-inf"))
+    elif MODE == GATE:
+        x = tl.load(x_ptr + offs, mask=mask, other=float("-inf"))
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0)
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=1.0)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0)
-    return _acc(x, F64), _acc(y, F64)
+    x, y = _acc(x, F64), _acc(y, F64)
+    if MODE == GATE:
+        z = tl.sigmoid(x)
+        x, y = tl.sigmoid(-x), z * _candidate(y)[0]
+    return x, y
 
 
 @triton.jit
@@ -128,7 +147,7 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
                 lc_sum += x
             x = tl.exp(x)
             y = tl.exp(y)
-        if MODE == SCAN or (AGG_PASS and MODE == REC):
+        if MODE == SCAN or (AGG_PASS and MODE != LOG):
             big_a, h, carry_a, carry_b = carry_scan(x, y, carry_a, carry_b)
             if MODE == SCAN and not AGG_PASS:
                 tl.store(out_a_ptr + base + offs, big_a.to(out_a_ptr.dtype.element_ty), mask=mask)
@@ -156,13 +175,19 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
         b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
         dx = mu_t * a_prev + lam_t * b_prev
         dy = lam_t
-    elif MODE == REC:
+    elif MODE == REC or MODE == GATE:
         h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
         if HAS_H0:
             h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
             h_prev = tl.where(first, h0[None, :], h_prev)
-        dx = lam_t * h_prev
-        dy = lam_t
+        if MODE == GATE:  # h_t = (1 - z) h_{t-1} + z g(c): d/dk = z (1 - z) (g(c) - h_{t-1})
+            z = tl.sigmoid(_acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64))
+            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + base + offs, mask=mask, other=0.0), F64))
+            dx = lam_t * z * (1.0 - z) * (g_c - h_prev)
+            dy = lam_t * z * dg_c
+        else:
+            dx = lam_t * h_prev
+            dy = lam_t
     else:
         lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
         lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
@@ -180,6 +205,8 @@ def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, ba
                   MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
     """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
     x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
+    if MODE == GATE:
+        x0 = tl.sigmoid(-x0)
     if MODE == LOG:
         # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
         # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
@@ -223,6 +250,8 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
         if MODE == LOG:
             c = tl.exp(_acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=float("-inf")), F64))
+        elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
+            c = tl.sigmoid(-_acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=float("inf")), F64))
         else:
             c = _acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=0.0), F64)
         c = tl.where(valid[:, None], c, 1.0)
@@ -345,6 +374,26 @@ def _parallel_scan_log_bwd(log_coeffs: torch.Tensor, log_values: torch.Tensor, h
 _parallel_scan_log = scan_op("parallel_scan_log", _parallel_scan_log_fwd, _parallel_scan_log_bwd, saved=(0, 1))
 
 
+# ---- gated_recurrence ---------------------------------------------------------------------
+
+def _gated_recurrence_fwd(k: torch.Tensor, cand: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    k, cand, h0 = k.contiguous(), cand.contiguous(), h0.contiguous()
+    h = torch.empty_like(k)
+    _forward(GATE, k, cand, h0, h, h)
+    return h
+
+
+def _gated_recurrence_bwd(k: torch.Tensor, cand: torch.Tensor, h0: torch.Tensor, h: torch.Tensor,
+                          g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k, cand, h0, g = k.contiguous(), cand.contiguous(), h0.contiguous(), g.contiguous()
+    dk, dcand, dh0 = torch.empty_like(k), torch.empty_like(k), torch.empty_like(h0)
+    _backward(GATE, k, cand, h0, g, g, h, h, dk, dcand, dh0)
+    return dk, dcand, dh0
+
+
+_gated_recurrence = scan_op("gated_recurrence", _gated_recurrence_fwd, _gated_recurrence_bwd, saved=(0, 1, 2))
+
+
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
 def linear_scan(a, b):
@@ -360,3 +409,8 @@ def linear_recurrence(a, b, h0=None):
 def parallel_scan_log(log_coeffs, log_values):
     check_envelope(log_coeffs, batch=log_coeffs.shape[0])
     return _parallel_scan_log(log_coeffs, log_values)
+
+
+def gated_recurrence(k, cand, h0):
+    check_envelope(k, batch=k.shape[0])
+    return _gated_recurrence(k, cand, h0)
