@@ -96,6 +96,15 @@ def test_wide_d_and_noncontiguous_inputs(name, device):
 
 
 @pytest.mark.parametrize("name", list(OPS))
+def test_many_segments(name, device):
+    """Thirteen segments: each folds the aggregates of every earlier (forward) or later (backward) one."""
+    inputs = _inputs(name.split("-")[0], 2, 52, 3, torch.float32, device, seed=11)
+    with layout.forced_layout(tile=4, segments=13):
+        assert layout.diagonal(2, 52, 3, inputs[0].device, "forward", "rec").segments == 13
+    _check(name, inputs[:2] if name.endswith("no_h0") else inputs, TOL[torch.float32], (4, 13))
+
+
+@pytest.mark.parametrize("name", list(OPS))
 def test_float64_gradcheck(name, device):
     inputs = [x.requires_grad_() for x in _inputs(name.split("-")[0], 2, 6, 3, torch.float64, device)]
     if name.endswith("no_h0"):

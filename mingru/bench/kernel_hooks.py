@@ -87,12 +87,14 @@ def rotation_plan(T, layers, k, itemsize, backward=False):
 
 def planner_rules():
     """{name: docstring} of the planner module and of its three family rules and the shared time split,
-    and {name: value} of its module-level integer constants."""
+    {name: value} of its module-level numeric constants, and one row per diagonal form's Tiles."""
     import inspect
 
     from mingru.kernels import layout
     docs = {"layout": layout, "split_time": layout.split_time, "diagonal": layout.diagonal,
             "matrix": layout.matrix, "rotation": layout.rotation}
     constants = {name: value for name, value in vars(layout).items()
-                 if name.isupper() and isinstance(value, int) and not isinstance(value, bool)}
-    return {name: inspect.getdoc(obj) for name, obj in docs.items()}, constants
+                 if name.isupper() and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    tiles = [{"direction": direction, "form": form, **tiles._asdict()}
+             for (direction, form), tiles in layout.DIAGONAL_TILES.items()]
+    return {name: inspect.getdoc(obj) for name, obj in docs.items()}, constants, tiles

@@ -33,7 +33,7 @@ SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
 LOG: tl.constexpr = tl.constexpr(2)
 GATE: tl.constexpr = tl.constexpr(3)
-FORMS = ("scan", "rec", "log", "rec")  # the planner's name of each MODE (GATE walks like REC)
+FORMS = ("scan", "rec", "log", "gate")  # the planner's name of each MODE
 
 
 @triton.jit

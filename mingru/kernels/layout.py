@@ -51,50 +51,66 @@ def sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SMS
 
 
-def split_time(T, programs, sms, tile, min_len, min_segments, split_below, per_sm, forced=0):
+def split_time(T, programs, sms, tile, min_len, min_segments, split_below, per_sm, max_segments, forced=0):
     """(segments, seg_len) for `programs` lane blocks walking T steps.
 
     Split only with fewer than split_below * sms programs and room for min_segments segments of
-    min_len steps; then aim at per_sm programs per SM. seg_len is a multiple of tile.
+    min_len steps; then aim at per_sm programs per SM, with at most max_segments segments (each
+    folds the aggregates of all the segments before it in turn). seg_len is a multiple of tile.
     """
     segments = forced or 1
     if not forced and programs < split_below * sms and T // min_len >= min_segments:
-        segments = min(cdiv(per_sm * sms, programs), T // min_len)
+        segments = min(cdiv(per_sm * sms, programs), T // min_len, max_segments)
     seg_len = cdiv(cdiv(T, segments), tile) * tile
     return cdiv(T, seg_len), seg_len
 
 
 # ---- diagonal: one lane per channel, a block of channels per program ------------------------
 
-# Tiles per (direction, op form): (tile, block, num_warps, num_stages, prefetch).
+class Tiles(NamedTuple):
+    """A diagonal form's layout: the tile and program shape, and how far it splits time."""
+    tile: int
+    block: int
+    warps: int
+    stages: int
+    prefetch: bool
+    per_sm: int     # the split's target of programs per SM: each walk is a chain of dependent
+                    # tiles, so more and shorter walks keep more loads in flight
+    min_tiles: int  # a time segment is at least this many tiles long
+
+
+# Per (direction, op form), chosen by measurement on the H200 (sweeps over tile, block, warps,
+# segments). The log forward splits least: each segment folds the earlier segments' aggregates
+# by a log-add-exp apiece, so many segments cost more than they hide.
 DIAGONAL_TILES = {
-    ("forward", "scan"): (64, 64, 4, 3, False),
-    ("forward", "rec"): (64, 64, 4, 3, False),
-    ("forward", "log"): (32, 64, 4, 1, True),
-    ("backward", "scan"): (64, 64, 4, 3, False),
-    ("backward", "rec"): (64, 64, 4, 3, False),
-    ("backward", "log"): (32, 64, 4, 3, False),
+    ("forward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1),
+    ("forward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1),
+    ("forward", "log"): Tiles(32, 64, 4, 1, True, 4, 4),
+    ("forward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1),
+    ("backward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1),
+    ("backward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1),
+    ("backward", "log"): Tiles(32, 64, 4, 3, False, 8, 1),
+    ("backward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1),
 }
-DIAGONAL_MIN_TILES = 1  # a time segment is at least this many tiles long
-DIAGONAL_PROGRAMS_PER_SM = 8  # the target of a time split: each program's walk is a chain of
-                              # dependent tiles, so more and shorter walks keep more loads in flight
+DIAGONAL_SPLIT_BELOW = 0.5  # split time only with fewer lane blocks than half the SMs
+DIAGONAL_MAX_SEGMENTS = 128
 
 
 def diagonal(B, T, D, device, direction, form):
-    """Plan of a (B, T, D) diagonal scan: a tile of DIAGONAL_TILES (no longer than T, block no wider
-    than D); time split only below one program per SM, then up to DIAGONAL_PROGRAMS_PER_SM."""
+    """Plan of a (B, T, D) diagonal scan: the form's Tiles (tile no longer than T, block no wider
+    than D); time split only below DIAGONAL_SPLIT_BELOW lane blocks per SM, then up to the form's
+    programs per SM and DIAGONAL_MAX_SEGMENTS segments."""
     # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which do not hash
     return _diagonal(int(B), int(T), int(D), sm_count(device), DIAGONAL_TILES[direction, form], _forced)
 
 
 @functools.lru_cache(maxsize=4096)
 def _diagonal(B, T, D, sms, tiles, forced):
-    tile, block, warps, stages, prefetch = tiles
-    tile = forced[0] or min(tile, next_pow2(T))
-    block = forced[2] or min(block, next_pow2(D))
-    segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, DIAGONAL_MIN_TILES * tile, 2, 1,
-                                   DIAGONAL_PROGRAMS_PER_SM, forced[1])
-    return Plan(block, tile, segments, seg_len, warps, stages, prefetch)
+    tile = forced[0] or min(tiles.tile, next_pow2(T))
+    block = forced[2] or min(tiles.block, next_pow2(D))
+    segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, tiles.min_tiles * tile, 2, DIAGONAL_SPLIT_BELOW,
+                                   tiles.per_sm, DIAGONAL_MAX_SEGMENTS, forced[1])
+    return Plan(block, tile, segments, seg_len, tiles.warps, tiles.stages, tiles.prefetch)
 
 
 # ---- matrix: one lane per (b, n), a k x width state in registers ----------------------------
@@ -118,7 +134,7 @@ def _matrix(lanes, T, k, width, sms, forced):
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
     tile = forced[0] or MATRIX_TILE
     segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, MATRIX_PROGRAMS_PER_SM,
-                                   MATRIX_PROGRAMS_PER_SM, forced[1])
+                                   MATRIX_PROGRAMS_PER_SM, T, forced[1])
     return Plan(block, tile, segments, seg_len if segments > 1 else T, 4, 1)
 
 
