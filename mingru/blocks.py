@@ -63,7 +63,7 @@ class MinGRUBlock(nn.Module):
             h, state = self.mingru(self.norm1(x), h_0, delta_t, return_state=True)
         else:
             h = self.mingru(self.norm1(x), h_0, delta_t)
-            state = h[:, -1:]
+            state = h[:, -1:] if h.shape[1] else h_0  # an empty chunk leaves the state as it was
         return self._mlp(x + self.drop(h)), state
 
     @torch.no_grad()

@@ -24,7 +24,7 @@ from torch import nn
 from mingru import scans
 from mingru.decay import DecayMixin
 from mingru.dispatch import dispatch
-from mingru.validate import data_checkable
+from mingru.validate import check_input_dtype, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
 # blur the decay of its neighbours; exp(-88) is already 0 in float32, so clamping there changes
@@ -270,7 +270,9 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         ndim = shape.count(",") + 1
         if not isinstance(x, torch.Tensor) or x.dim() != ndim or x.shape[-1] != self.input_size:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape {shape} with input_size = {self.input_size}, got {got}")
+            raise ValueError(f"DeltaMinGRU: x must have shape {shape} with input_size = {self.input_size}, "
+                             f"got {got}")
+        check_input_dtype("DeltaMinGRU", x, self)
 
     def _state(self, h, want, name, like):
         if h is None:

@@ -97,6 +97,9 @@ class _Gated(_Log):
         k, cand, _ = args
         return self.op(k, cand, None), torch.cumsum(-F.softplus(k.to(_acc_dtype(k.dtype))), 1)
 
+    def apply(self, log_P, c):
+        return log_P.exp() * c  # a carry of either sign: gated_recurrence takes any h0
+
 
 class _Matrix:
     """matrix_recurrence(A, X, h0): rerun with h0 = carry; P_r by a pairwise product tree."""

@@ -14,7 +14,7 @@ from torch import nn
 from mingru import ops, scans
 from mingru.decay import DecayMixin
 from mingru.scans import g
-from mingru.validate import data_checkable
+from mingru.validate import check_input_dtype, data_checkable
 
 
 def _linears(input_size, sizes, bias):
@@ -47,6 +47,7 @@ class _Mixer(DecayMixin, nn.Module):
         if x.dim() != (2 if step else 3) or x.shape[-1] != self.input_size:
             raise ValueError(f"{name}: x must have shape {want} with input_size = {self.input_size}, "
                              f"got {tuple(x.shape)}")
+        check_input_dtype(name, x, self)
 
     def _state(self, h, x, step, default):
         """The initial state, checked: (B, 1, H) for forward, (B, H) for step; `default()` if None."""
@@ -73,8 +74,7 @@ class MinGRU(_Mixer):
     """h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(h~_t), z = sigmoid(linear_z x), h~ = linear_h x.
 
     `gated_recurrence` runs it from the pre-activations k and h~ (on CUDA one kernel computes the
-    gates as it loads them; the eager reference works in log space, so states stay positive); with
-    decay, `parallel_scan_log` runs it on the log gates plus log gamma. The default initial state
+    gates as it loads them); with decay, `parallel_scan_log` runs it on the log gates plus log gamma. The default initial state
     is g(0) = 0.5, or g(h0_pre) with `learnable_h0`; a given h_0 must be >= 0 (a real state).
     """
 

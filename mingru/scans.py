@@ -183,8 +183,12 @@ def gated_log_inputs(k, cand, h0, log_gamma=None):
 
 def gated_recurrence(k, cand, h0):
     """minGRU from its pre-activations: h_t = (1 - z_t) h_{t-1} + z_t g(cand_t), z = sigmoid(k),
-    run in log space (`gated_log_inputs`, then parallel_scan_log)."""
-    return parallel_scan_log(*gated_log_inputs(k, cand, h0))
+    as the kernel runs it: linear_recurrence on a = 1 - z = sigmoid(-k) and b = z g(cand), gates in
+    float32. Linear space is stable here without logs: 0 < a < 1, so every composed coefficient only
+    shrinks and every state is a weighted sum of h0 and the g values; and any h0 (negative too) gets
+    its exact state and gradient, where log space needs h0 > 0 (gated_log_inputs clamps it)."""
+    k32, c32 = _upcast(k, cand)
+    return linear_recurrence(torch.sigmoid(-k32), torch.sigmoid(k32) * g(c32), h0).to(k.dtype)
 
 
 def matrix_affine_scan(A, Bm):

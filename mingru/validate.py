@@ -34,14 +34,22 @@ def check_tensors(op, **tensors):
                             "pass one dtype")
 
 
+def check_input_dtype(owner, x, module):
+    """x must have the dtype of the module's parameters, unless autocast is on for x's device (it
+    casts the projections' inputs itself)."""
+    param = next(module.parameters(), None)
+    if param is None or x.dtype == param.dtype or torch.is_autocast_enabled(x.device.type):
+        return
+    raise TypeError(f"{owner}: x has dtype {x.dtype} but the parameters are {param.dtype}; pass x as "
+                    f"{param.dtype} or convert the module with .to({x.dtype})")
+
+
 def check_shapes(op, specs):
     """specs: [(name, tensor, expected)]; named sizes must agree across all tensors."""
     sizes = {}
     for name, x, expected in specs:
         if x is not None:
             _match(op, name, x, expected, sizes)
-    if sizes.get("T", 1) < 1:
-        raise ValueError(f"{op}: the sequence is empty (T == 0); expected T >= 1")
     return sizes
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mingru import distributed
+import mingru
+from mingru import distributed, naive
 from mingru.bench import parity, scaling
 from mingru.bench.timing import scan_impl
 
@@ -74,6 +75,19 @@ def _errors(rank, group):
             mingru.linear_scan(torch.rand(2, 3, 4), torch.rand(2, 3, 4))
 
 
+def _negative_gated_state(rank, group, bounds):
+    """gated_recurrence from a negative h0 under slow gates: the carries stay negative on every rank."""
+    g = torch.Generator().manual_seed(0)
+    T = bounds[-1][1]
+    k, cand = -4 + torch.randn(2, T, 3, generator=g), 2 * torch.randn(2, T, 3, generator=g)
+    h0 = -1 - torch.rand(2, 3, generator=g)
+    start, stop = bounds[rank]
+    with distributed.sequence_parallel(group):
+        mine = mingru.gated_recurrence(k[:, start:stop], cand[:, start:stop], h0)
+    whole = naive.gated_recurrence_naive(k, cand, h0)[:, start:stop]
+    torch.testing.assert_close(mine.double(), whole, atol=1e-5, rtol=1e-5)
+
+
 def _worker(rank, world):
     groups = {2: dist.new_group([0, 1]), 3: dist.new_group([0, 1, 2]), 4: dist.group.WORLD}
     for size, group in groups.items():
@@ -89,6 +103,7 @@ def _worker(rank, world):
             if size == 3:
                 for name in MIXERS:
                     _check(name, {**MIXER_DIMS, "T": T}, torch.float32, bounds, group)
+                _negative_gated_state(rank, group, bounds)
             if size == 4:
                 _payloads(group)
         if size == 2:

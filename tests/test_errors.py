@@ -16,7 +16,6 @@ CASES = [
     ("linear-rank", mingru.linear_scan, lambda: (r(2, 5), r(2, 5)), ValueError, ["linear_scan", "a", "(B, T, D)"]),
     ("linear-mismatch-T", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 6, 3)), ValueError, ["b", "T = 6", "T = 5"]),
     ("linear-mismatch-B", mingru.linear_scan, lambda: (r(2, 5, 3), r(3, 5, 3)), ValueError, ["b", "B = 3"]),
-    ("linear-T0", mingru.linear_scan, lambda: (r(2, 0, 3), r(2, 0, 3)), ValueError, ["T == 0"]),
     ("linear-int", mingru.linear_scan, lambda: (torch.ones(2, 5, 3, dtype=torch.int64), r(2, 5, 3)), TypeError, ["a", "int64"]),
     ("linear-complex", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 5, 3).to(torch.complex64)), TypeError, ["b", "complex64"]),
     ("linear-dtypes", mingru.linear_scan, lambda: (r(2, 5, 3), r(2, 5, 3).double()), TypeError, ["b", "float64", "float32"]),
@@ -24,7 +23,6 @@ CASES = [
     ("recurrence-h0", mingru.linear_recurrence, lambda: (r(2, 5, 3), r(2, 5, 3), r(2, 4)), ValueError, ["h0", "D = 4"]),
     ("log-no-slot", mingru.parallel_scan_log, lambda: (r(2, 5, 3), r(2, 5, 3)), ValueError, ["log_values", "T+1 = 6"]),
     ("log-rank", mingru.parallel_scan_log, lambda: (r(2, 5, 3), r(6, 3)), ValueError, ["log_values", "(B, T+1, D)"]),
-    ("log-T0", mingru.parallel_scan_log, lambda: (r(2, 0, 3), r(2, 1, 3)), ValueError, ["T == 0"]),
     ("matrix-not-2x2", mingru.matrix_scan, lambda: (r(2, 5, 3, 3, 3), r(2, 5, 3, 3)), ValueError, ["M", "(B, T, n, 2, 2)"]),
     ("matrix-n", mingru.matrix_scan, lambda: (r(2, 5, 3, 2, 2), r(2, 5, 4, 2)), ValueError, ["b", "n = 4"]),
     ("affine-not-square", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 2), r(2, 5, 3, 4, 1)), ValueError, ["A", "k = 2", "k = 4"]),
@@ -74,3 +72,39 @@ def test_mixer_bad_block_sizes():
         mingru.RotationMinGRU(4, 7)
     with pytest.raises(ValueError, match="non-negative"):
         mingru.MinGRU(4, 8)(r(1, 3, 4), -torch.ones(1, 1, 8))
+
+
+EMPTY = [  # (op, inputs with T = 0, the shapes of its outputs)
+    (mingru.linear_scan, lambda: (r(2, 0, 3), r(2, 0, 3)), [(2, 0, 3), (2, 0, 3)]),
+    (mingru.linear_recurrence, lambda: (r(2, 0, 3), r(2, 0, 3), r(2, 3)), [(2, 0, 3)]),
+    (mingru.parallel_scan_log, lambda: (r(2, 0, 3), r(2, 1, 3)), [(2, 0, 3)]),
+    (mingru.gated_recurrence, lambda: (r(2, 0, 3), r(2, 0, 3)), [(2, 0, 3)]),
+    (mingru.matrix_scan, lambda: (r(2, 0, 3, 2, 2), r(2, 0, 3, 2)), [(2, 0, 3, 2, 2), (2, 0, 3, 2)]),
+    (mingru.matrix_affine_scan, lambda: (r(2, 0, 3, 4, 4), r(2, 0, 3, 4, 2)), [(2, 0, 3, 4, 4), (2, 0, 3, 4, 2)]),
+    (mingru.matrix_recurrence, lambda: (r(2, 0, 3, 4, 4), r(2, 0, 3, 4, 2), r(2, 3, 4, 2)), [(2, 0, 3, 4, 2)]),
+    (mingru.rotation_recurrence, lambda: (r(2, 0, 3, 2, 2), r(2, 0, 3), r(2, 0, 3, 4)), [(2, 0, 3, 4)]),
+]
+
+
+@pytest.mark.parametrize("op,make,shapes", EMPTY, ids=[e[0].__name__ for e in EMPTY])
+@pytest.mark.parametrize("mode", ["eager", "triton"])
+def test_empty_sequence_gives_empty_outputs(monkeypatch, mode, op, make, shapes):
+    """T == 0: outputs of the documented shapes in the inputs' dtype, and a backward that runs."""
+    monkeypatch.setenv("MINGRU_SCAN", mode)
+    inputs = [x.requires_grad_() for x in make()]
+    outs = op(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert [tuple(o.shape) for o in outs] == shapes and all(o.dtype == torch.float32 for o in outs)
+    torch.autograd.backward([o.sum() for o in outs])
+
+
+@pytest.mark.parametrize("mixer", [mingru.MinGRU, mingru.SignedMinGRU, mingru.RotationMinGRU, mingru.GivensMinGRU,
+                                   mingru.DeltaMinGRU])
+def test_mixer_x_dtype_must_match_its_parameters(mixer):
+    m = mixer(6, 16)
+    with pytest.raises(TypeError, match=r"x has dtype torch.float64 but the parameters are torch.float32"):
+        m(r(2, 5, 6).double())
+    with pytest.raises(TypeError, match=r"x has dtype torch.float64"):
+        m.step(r(2, 6).double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the inputs itself
+        m(r(2, 5, 6).bfloat16())

@@ -113,6 +113,15 @@ def test_float64_gradcheck(name, device):
         assert torch.autograd.gradcheck(OPS[name][0], inputs, fast_mode=True)
 
 
+@pytest.mark.parametrize("h0", ["signed", "zero"])
+def test_gated_recurrence_takes_any_h0(h0, device):
+    """The kernel's linear-space gates give exact states and gradients for a negative h0, and the
+    true h0 gradient at h0 = 0."""
+    inputs = _inputs("gated_recurrence", 2, 37, 5, torch.float32, device, seed=7)
+    inputs[2] = torch.randn_like(inputs[2]) if h0 == "signed" else torch.zeros_like(inputs[2])
+    _check("gated_recurrence", inputs, TOL[torch.float32], (8, 3))
+
+
 @pytest.mark.parametrize("name", ["linear_scan", "linear_recurrence"])
 def test_zero_coefficients(name, device):
     """a_t = 0 resets the state; the backward must not divide by it."""

@@ -137,6 +137,26 @@ def test_bad_arguments_are_named(make, call, match, eager_mode):
         call(m)
 
 
+def test_empty_sequence(mixer, eager_mode):
+    """T == 0 gives (B, 0, hidden_size), as mingru-scans does, and a backward that runs."""
+    x, dt = _inputs(mixer, 2, 0)
+    y = mixer(x.requires_grad_(), None, dt)
+    assert tuple(y.shape) == (2, 0, H)
+    y.sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:2 'rotation' blocks")
+@pytest.mark.parametrize("mixer", ["log", "signed", "rotation", "givens", "delta"])
+def test_stack_keeps_its_state_over_an_empty_chunk(mixer, eager_mode):
+    torch.manual_seed(0)
+    stack = mingru.MinGRUStack(5, 8, 2, mixer=mixer)
+    x = torch.randn(2, 4, 5)
+    _, state = stack(x)
+    y, same = stack(x[:, :0], state)
+    assert tuple(y.shape) == (2, 0, 8)
+    assert all(torch.equal(a, b) for a, b in zip(state, same))
+
+
 def test_x_must_be_floating():
     with pytest.raises(TypeError, match="floating-point"):
         mingru.SignedMinGRU(D_IN, H)(torch.ones(2, 3, D_IN, dtype=torch.long))

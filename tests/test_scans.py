@@ -50,6 +50,18 @@ def test_linear_recurrence(T, with_h0):
     _check(mingru.linear_recurrence, naive.linear_recurrence_naive, inputs, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", TS, ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("h0_kind", ["positive", "signed", "zero"])
+def test_gated_recurrence(T, h0_kind):
+    """Any h0 sign gets the exact states and gradients; at h0 = 0 the h0 gradient is the product of
+    the 1 - z (a log-space scan would clamp h0 and return 0)."""
+    g = torch.Generator().manual_seed(T)
+    k, cand = 3 * torch.randn(2, T, 5, generator=g), 2 * torch.randn(2, T, 5, generator=g)
+    h0 = {"positive": torch.rand(2, 5, generator=g), "signed": torch.randn(2, 5, generator=g),
+          "zero": torch.zeros(2, 5)}[h0_kind]
+    _check(mingru.gated_recurrence, naive.gated_recurrence_naive, [k, cand, h0], atol=1e-5)
+
+
 def _log_inputs(B, T, D, dtype=torch.float32):
     g = torch.Generator().manual_seed(T * 7 + D)
     lc = -F.softplus(torch.randn(B, T, D, generator=g))
