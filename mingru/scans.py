@@ -7,11 +7,13 @@ at once, CHUNK - 1 dependent combines), scans the chunk totals by Hillis–Steel
 composes each chunk with the total of everything before it. The log-space op uses the same monoid
 on (log a, log b), with multiplication turned into addition and addition into logaddexp; on long
 sequences each chunk is one cumsum and one logcumsumexp (see parallel_scan_log for its stability
-rule).
+rule). linear_recurrence (states only) runs the same chunked scan in place, outside autograd, with the
+adjoint recurrence, one more scan backwards in time, as its backward.
 Half-precision inputs are accumulated in float32.
 """
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 CHUNK = 16
 LOG_CHUNK = 16
@@ -128,10 +130,76 @@ def linear_scan(a, b):
     return A.to(a.dtype), Bc.to(a.dtype)
 
 
+def _states(a, b, h0=None, chunk=CHUNK, owned=False):
+    """linear_recurrence's states from h0 (None: zero), outside autograd, updated in place.
+
+    The same chunked scan as chunked_scan (every chunk walked step by step, all chunks at once; the
+    chunk totals scanned by chunk_prefixes; one composition), written into one buffer: b's copy
+    (b itself when `owned` and its layout allows). On a CPU a fresh full-size tensor costs about as
+    much as a pass over it, so the scan allocates two: the buffer and the chunks' cumulative
+    products. With h0 None, a_0 is never read.
+    """
+    B, T, D = b.shape
+    N = -(-T // chunk)
+    if owned and N * chunk == T and b.is_contiguous():
+        h = b
+    else:
+        h = b.new_empty(B, N * chunk, D)
+        h[:, :T] = b
+        h[:, T:] = 0
+    if h0 is not None:
+        h[:, 0].addcmul_(a[:, 0], h0)
+    if N == 1:
+        for t in range(1, T):
+            h[:, t].addcmul_(a[:, t], h[:, t - 1])
+        return h[:, :T]
+    hc, ac = h.view(B, N, chunk, D), _chunks(a, chunk)
+    for t in range(1, chunk):
+        hc[:, :, t].addcmul_(ac[:, :, t], hc[:, :, t - 1])
+    products = ac.cumprod(2)
+    _, before = chunk_prefixes((products[:, :, -1], hc[:, :, -1]), scalar_combine, SCALAR_IDENTITY)
+    hc[:, 1:].addcmul_(products[:, 1:], before)
+    return h[:, :T]
+
+
+class _LinearRecurrence(torch.autograd.Function):
+    """linear_recurrence's states, with the adjoint recurrence as the backward.
+
+    With g_t = dL/dh_t (everything that reaches h_t), g_t = dh_t + a_{t+1} g_{t+1}: the same
+    recurrence, run backwards in time by the same scan. Then db_t = g_t, da_t = g_t h_{t-1} and
+    dh0 = a_0 g_0. Autograd records none of the scan's steps: a training step keeps a, h0 and h
+    instead of every step's intermediates, and its backward is one scan, not the adjoint of each
+    step (on a CPU the per-step bookkeeping and fresh buffers dominate). The matrix scans keep
+    autograd through chunked_scan: for their small k x k products this form measured slower.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, h0):
+        h = _states(a, b, h0)
+        ctx.save_for_backward(a, h0, h)
+        return h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dh):
+        a, h0, h = ctx.saved_tensors
+        T = a.shape[1]
+        # reversed time: step s is t = T-1-s, its coefficient a_{t+1} = a_{T-s} (s >= 1; s = 0 unread)
+        a_rev = a.index_select(1, torch.arange(T, 0, -1, device=a.device) % T)
+        g = _states(a_rev, dh.flip(1), owned=True).flip(1)
+        da = g.clone()
+        da[:, 1:].mul_(h[:, :-1])
+        if h0 is None:
+            da[:, 0].zero_()
+        else:
+            da[:, 0].mul_(h0)
+        dh0 = a[:, 0] * g[:, 0] if h0 is not None and ctx.needs_input_grad[2] else None
+        return da, g, dh0
+
+
 def linear_recurrence(a, b, h0=None):
-    a32, b32 = _upcast(a, b)
-    b32 = _fold_h0(lambda h: a32[:, :1] * h.unsqueeze(1), b32, h0)
-    return chunked_scan((a32, b32), scalar_combine, states_only=True, identity=SCALAR_IDENTITY)[1].to(a.dtype)
+    a32, b32, h0 = _upcast(a, b, h0)
+    return _LinearRecurrence.apply(a32, b32, h0).to(a.dtype)
 
 
 def parallel_scan_log(log_coeffs, log_values):
