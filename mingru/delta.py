@@ -23,7 +23,7 @@ from torch import nn
 
 from mingru import scans
 from mingru.decay import DecayMixin
-from mingru.dispatch import dispatch
+from mingru.dispatch import dispatch, runs_eager
 from mingru.validate import check_input_dtype, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
@@ -96,11 +96,12 @@ def delta_rule_recurrent(q, k, v, beta, log_gamma=None, h_0=None):
 def _to_chunks(x, N, C):
     """(B, T, nh, H, d) -> (N, B, H, C*nh, d), zero-padded to N*C tokens, token-major micro-steps."""
     B, T, nh, H, d = x.shape
-    x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, N * C - T))
+    if N * C != T:  # a pad copies even when it adds nothing
+        x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, N * C - T))
     return x.reshape(B, N, C, nh, H, d).permute(1, 0, 4, 2, 3, 5).reshape(N, B, H, C * nh, d)
 
 
-def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, across="loop"):
+def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, across=None):
     """The delta rule over a whole sequence, chunk-parallel; returns (y (B,T,H,d_v), h_T (B,H,d_k,d_v)).
 
     q (B,T,H,d_k); k (B,T,nh,H,d_k); v (B,T,nh,H,d_v); beta (B,T,nh,H); with nh = 1 the nh axis
@@ -108,17 +109,23 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     (None: no decay); h_0 (B,H,d_k,d_v) defaults to zeros. The readout is y_t = H_t^T q_t with no
     scale, and k is used as given (the mixer L2-normalizes it). chunk_size changes only rounding;
     padded tokens carry beta = 0 and gamma = 1, the identity. Half-precision inputs are computed
-    in float32 and the results cast back. The UT transform and the chaining of the chunk-to-chunk
-    affine maps go through the dispatch seam (`unit_lower_solve`, `matrix_recurrence`): Triton
-    kernels on CUDA where MINGRU_SCAN allows. `across` picks the eager chaining: "loop" (one
-    batched matmul a chunk) or "scan" (scans.matrix_recurrence: the chunked scan, whose
-    Hillis–Steele over the chunk totals takes fewer launches than the loop when there are many).
+    in float32 and the results cast back.
+
+    Two forms. The affine maps: every chunk's UT transform at once gives the map H_end = A H_start
+    + B, and only the chaining of the maps is sequential; the solves and the chaining go through
+    the dispatch seam (`unit_lower_solve`, `matrix_recurrence`): Triton kernels on CUDA where
+    MINGRU_SCAN allows. The carried form (`_carry`): chunk after chunk from the carried state,
+    with half the solve's right-hand sides and no d_k x d_k maps. `across`: None (default) takes
+    the carried form where dispatch runs eager (a CPU, MINGRU_SCAN=eager) and the affine maps
+    elsewhere; "carry" forces the carried form; "loop" (one batched matmul a chunk) or "scan"
+    (scans.matrix_recurrence, whose Hillis–Steele over the chunk totals takes fewer launches than
+    the loop when there are many) force the affine maps with that eager chaining.
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
     if not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if across not in ("loop", "scan"):
-        raise ValueError(f"across must be 'loop' or 'scan', got {across!r}")
+    if across not in (None, "carry", "loop", "scan"):
+        raise ValueError(f"across must be None, 'carry', 'loop' or 'scan', got {across!r}")
     B, T, nh, H, d_k = k.shape
     d_v = v.shape[-1]
     out_dtype = q.dtype
@@ -157,6 +164,10 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
         Qh = Q * cum_t.exp().unsqueeze(-1)
     tri = tri.masked_fill(~strict, 0.0)
     read = read.masked_fill(~causal, 0.0)
+    Kc = (carry_w.unsqueeze(-1) * K).transpose(-1, -2)  # (N,B,H,d_k,M)
+    if across == "carry" or (across is None and runs_eager(q)):
+        Y, h = _carry(tri, read, V, Kh, Qh, Kc, None if log_gamma is None else cum_t[..., -1], h)
+        return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
     # Several chunks go through the dispatch seam (Triton on CUDA). One chunk (T <= chunk_size)
     # stays in torch: nothing to chain, and the kernels' solve measured slower there on an H200.
@@ -166,7 +177,6 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
         seam = lambda name, eager, *args: eager(*args)  # noqa: E731
     UW = seam("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1))
     U0, W = UW.split([d_v, d_k], dim=-1)
-    Kc = (carry_w.unsqueeze(-1) * K).transpose(-1, -2)  # (N,B,H,d_k,M)
     eye = torch.eye(d_k, dtype=q.dtype, device=q.device)
     P_end = eye if log_gamma is None else cum_t[..., -1:, None].exp() * eye
     A = P_end - Kc @ W                                   # H_end = A H_start + Bc
@@ -179,9 +189,29 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     after = seam("matrix_recurrence", chain, A, Bc, h)
     Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)  # (N,B,H,d_k,d_v) at chunk starts
     h = after[:, -1]
-    y = Qt @ Hs + Y0                                     # (N,B,H,C,d_v)
-    y = y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
-    return y.to(out_dtype), h.to(out_dtype)
+    return _from_chunks(Qt @ Hs + Y0, T).to(out_dtype), h.to(out_dtype)
+
+
+def _from_chunks(Y, T):
+    """(N, B, H, C, d_v) -> (B, T, H, d_v)."""
+    N, B, H, C, d_v = Y.shape
+    return Y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
+
+
+def _carry(tri, read, V, Kh, Qh, Kc, log_P_end, h):
+    """The chunks one after another, each from the state the previous one left (the carried form):
+    u = T^{-1} (V - Kh H_start), y = Qh H_start + read u, H_end = P_end H_start + Kc u. Its solve has
+    d_v right-hand sides (the affine maps' has d_v + d_k) and it forms no d_k x d_k map, so where the
+    chunks run one at a time anyway (eager) it is the cheaper form. Returns (Y (N,B,H,C,d_v), H_T)."""
+    ends = [None] * tri.shape[0] if log_P_end is None else log_P_end.exp()[..., None, None].unbind(0)
+    ys = []
+    # unbind, not tri[n]: the backward of N separate selects would fill N full-size zero gradients
+    for tri_n, read_n, V_n, Kh_n, Qh_n, Kc_n, end_n in zip(tri.unbind(0), read.unbind(0), V.unbind(0),
+                                                           Kh.unbind(0), Qh.unbind(0), Kc.unbind(0), ends):
+        u = scans.unit_lower_solve(tri_n, V_n - Kh_n @ h)
+        ys.append(Qh_n @ h + read_n @ u)
+        h = (h if end_n is None else end_n * h) + Kc_n @ u
+    return torch.stack(ys), h
 
 
 def _walk(A, X, h):

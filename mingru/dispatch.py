@@ -102,6 +102,13 @@ def _warn_once(name, reason):
                       "once per process", RuntimeWarning, stacklevel=4)
 
 
+def runs_eager(x):
+    """Whether dispatch runs the eager scan for inputs on x's device: MINGRU_SCAN=eager, or auto off
+    CUDA (a caller with an eager-only form of its own picks it from this)."""
+    mode = scan_mode()
+    return mode == "eager" or (mode == "auto" and x.device.type != "cuda")
+
+
 def dispatch(name, eager, *args, local=False):
     """Run op `name` on `args` with the implementation MINGRU_SCAN selects. local=True: a step
     inside a larger computation (not a scan over the caller's time axis), never sequence-parallel."""

@@ -39,7 +39,7 @@ def test_chunked_equals_recurrent_with_gradients(chunk_size, nh, gated):
     g = torch.Generator().manual_seed(1)
     cot = [torch.randn(2, 13, 3, 4, generator=g, dtype=f64), torch.randn(2, 3, 5, 4, generator=g, dtype=f64)]
     want, want_grads = outputs_and_grads(_call(delta_rule_recurrent), inputs, cot)
-    for across in ("loop", "scan"):
+    for across in ("carry", "loop", "scan"):
         got, got_grads = outputs_and_grads(_call(delta_rule_chunked, chunk_size=chunk_size, across=across),
                                            inputs, cot)
         for a, b in zip(got + got_grads, want + want_grads):

@@ -13,7 +13,7 @@ from mingru.bench.progress import Sweep
 NAME, SUBJECT = "layer_cpu", "mixer"
 SHAPES = ((16, 256, 64), (4, 1024, 128), (64, 64, 64))
 QUICK_SHAPES = ((2, 8, 8),)
-MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU")
+MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU", "DeltaMinGRU")
 GOAL = "ours no slower than the seed's eager (seed_x >= 1)"
 
 
