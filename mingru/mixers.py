@@ -74,7 +74,8 @@ class MinGRU(_Mixer):
     """h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(h~_t), z = sigmoid(linear_z x), h~ = linear_h x.
 
     `gated_recurrence` runs it from the pre-activations k and h~ (on CUDA one kernel computes the
-    gates as it loads them); with decay, `parallel_scan_log` runs it on the log gates plus log gamma. The default initial state
+    gates as it loads them); with decay, `linear_recurrence` runs it on a = gamma (1 - z), b = z g(h~).
+    Linear space needs no logs here: 0 < a < 1, so every state is a weighted average of h0 and g values. The default initial state
     is g(0) = 0.5, or g(h0_pre) with `learnable_h0`; a given h_0 must be >= 0 (a real state).
     """
 
@@ -99,8 +100,8 @@ class MinGRU(_Mixer):
         dt = self._dt(delta_t, x)
         if dt is None:  # the gates are computed inside the scan's kernel
             return ops.gated_recurrence(k, cand, h_0)
-        log_coeffs, log_values = scans.gated_log_inputs(k, cand, h_0, self._decay_log_gamma(dt))
-        return ops.parallel_scan_log(log_coeffs.expand_as(k), log_values)
+        a = torch.sigmoid(-k) * self._decay_gamma(dt)  # sigmoid(-k), not 1 - z: exact where z is near 1
+        return ops.linear_recurrence(a.to(k.dtype), torch.sigmoid(k) * g(cand), h_0)
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):

@@ -54,9 +54,9 @@ def gated_recurrence(k, cand, h0=None):
     g(x) = x + 1/2 for x >= 0 and sigmoid(x) below. k, cand (B,T,D), h0 (B,D) (zeros if None)
     -> h (B,T,D).
 
-    linear_recurrence on a = 1 - z and b = z g(cand) (for h0 > 0 also parallel_scan_log on
-    `scans.gated_log_inputs`); the kernel computes the gates from k and cand as it loads them and
-    returns their gradients, so no gate tensor is stored.
+    linear_recurrence on a = 1 - z and b = z g(cand) (for h0 > 0 also parallel_scan_log on their
+    logs); the kernel computes the gates from k and cand as it loads them and returns their
+    gradients, so no gate tensor is stored.
     """
     sizes = _checked("gated_recurrence", [("k", k, ("B", "T", "D")), ("cand", cand, ("B", "T", "D")),
                                           ("h0", h0, ("B", "D"))])

@@ -234,27 +234,12 @@ def g(x):
     return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
 
 
-def log_g(x):
-    """log g(x), finite with a finite gradient everywhere (the unselected branch sees x = 0)."""
-    safe = torch.where(x >= 0, x, torch.zeros_like(x))
-    return torch.where(x >= 0, (safe + 0.5).log(), -F.softplus(-x))
-
-
-def gated_log_inputs(k, cand, h0, log_gamma=None):
-    """parallel_scan_log's inputs for minGRU's h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(cand_t),
-    z = sigmoid(k): log(1 - z) = -softplus(k) (plus log gamma), log z = -softplus(-k). h0 (B, D)
-    is clamped at the smallest normal number before its log, so h0 = 0 is a state of e^-87, not -inf."""
-    log_coeffs = -F.softplus(k) if log_gamma is None else -F.softplus(k) + log_gamma
-    log_h0 = h0.clamp_min(torch.finfo(h0.dtype).tiny).log().unsqueeze(1)
-    return log_coeffs.to(k.dtype), torch.cat([log_h0, -F.softplus(-k) + log_g(cand)], 1)
-
-
 def gated_recurrence(k, cand, h0):
     """minGRU from its pre-activations: h_t = (1 - z_t) h_{t-1} + z_t g(cand_t), z = sigmoid(k),
     as the kernel runs it: linear_recurrence on a = 1 - z = sigmoid(-k) and b = z g(cand), gates in
     float32. Linear space is stable here without logs: 0 < a < 1, so every composed coefficient only
     shrinks and every state is a weighted sum of h0 and the g values; and any h0 (negative too) gets
-    its exact state and gradient, where log space needs h0 > 0 (gated_log_inputs clamps it)."""
+    its exact state and gradient, where log space needs h0 > 0."""
     k32, c32 = _upcast(k, cand)
     return linear_recurrence(torch.sigmoid(-k32), torch.sigmoid(k32) * g(c32), h0).to(k.dtype)
 
