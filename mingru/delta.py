@@ -148,26 +148,11 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
     causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
 
-    # T[i, l] = beta_l (k_i . k_l) P_i / P_l for micro-steps l < i; unit diagonal implied.
-    tri = (K @ K.transpose(-1, -2)) * b.unsqueeze(-2)
-    read = (Q @ K.transpose(-1, -2)) * b.unsqueeze(-2)   # (N,B,H,C,M): beta_l (q_t . k_l)
-    carry_w = b                                          # weight of u_l in the chunk-end state
-    Kh, Qh = K, Q                                        # the start state seen through P
-    if log_gamma is not None:
-        lg = _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
-        cum_t = lg.cumsum(-1)                            # log P at each token, chunk-relative
-        cum_m = cum_t.repeat_interleave(nh, dim=-1)      # ... at each micro-step
-        tri = tri * (cum_m[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
-        read = read * (cum_t[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
-        carry_w = b * (cum_t[..., -1:] - cum_m).exp()
-        Kh = K * cum_m.exp().unsqueeze(-1)
-        Qh = Q * cum_t.exp().unsqueeze(-1)
-    tri = tri.masked_fill(~strict, 0.0)
-    read = read.masked_fill(~causal, 0.0)
-    Kc = (carry_w.unsqueeze(-1) * K).transpose(-1, -2)  # (N,B,H,d_k,M)
+    lg = None if log_gamma is None else _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
     if across == "carry" or (across is None and runs_eager(q)):
-        Y, h = _carry(tri, read, V, Kh, Qh, Kc, None if log_gamma is None else cum_t[..., -1], h)
+        Y, h = _carry(Q, K, V, b, lg, nh, strict, causal, h)
         return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
+    tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh, strict, causal)
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
     # Several chunks go through the dispatch seam (Triton on CUDA). One chunk (T <= chunk_size)
     # stays in torch: nothing to chain, and the kernels' solve measured slower there on an H200.
@@ -178,7 +163,7 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     UW = seam("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1))
     U0, W = UW.split([d_v, d_k], dim=-1)
     eye = torch.eye(d_k, dtype=q.dtype, device=q.device)
-    P_end = eye if log_gamma is None else cum_t[..., -1:, None].exp() * eye
+    P_end = eye if log_end is None else log_end[..., None, None].exp() * eye
     A = P_end - Kc @ W                                   # H_end = A H_start + Bc
     Bc = Kc @ U0
     Qt = Qh - read @ W                                   # y = Qt H_start + Y0
@@ -198,19 +183,44 @@ def _from_chunks(Y, T):
     return Y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
 
 
-def _carry(tri, read, V, Kh, Qh, Kc, log_P_end, h):
+def _chunk_terms(Q, K, b, lg, nh, strict, causal):
+    """What the WY form needs of chunks (any leading dims; Q (..,C,d_k), K (..,M,d_k), b (..,M), lg (..,C)
+    or None): tri (..,M,M) strictly lower, T[i, l] = beta_l (k_i . k_l) P_i / P_l; read (..,C,M),
+    beta_l (q_t . k_l) P_t / P_l on micro-steps l of tokens <= t; Kh = P K and Qh = P Q (the start
+    state seen through the decay); Kc (..,d_k,M) = (beta_l P_end / P_l k_l) as columns; log P_end
+    (..) or None. P is the chunk-relative cumulative decay."""
+    bK = (b.unsqueeze(-1) * K).transpose(-1, -2)           # beta enters as the columns' scale, before
+    tri, read = K @ bK, Q @ bK                            # the products: an M x d_k pass, not M x M
+    carry_w, Kh, Qh, log_end = b, K, Q, None               # carry_w: weight of u_l in the chunk-end state
+    if lg is not None:
+        cum_t = lg.cumsum(-1)                            # log P at each token, chunk-relative
+        cum_m = cum_t.repeat_interleave(nh, dim=-1)      # ... at each micro-step
+        tri = tri * (cum_m[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
+        read = read * (cum_t[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
+        carry_w = b * (cum_t[..., -1:] - cum_m).exp()
+        Kh = K * cum_m.exp().unsqueeze(-1)
+        Qh = Q * cum_t.exp().unsqueeze(-1)
+        log_end = cum_t[..., -1]
+    tri = tri.masked_fill(~strict, 0.0)
+    read = read.masked_fill(~causal, 0.0)
+    Kc = bK if lg is None else (carry_w.unsqueeze(-1) * K).transpose(-1, -2)
+    return tri, read, Kh, Qh, Kc, log_end
+
+
+def _carry(Q, K, V, b, lg, nh, strict, causal, h):
     """The chunks one after another, each from the state the previous one left (the carried form):
     u = T^{-1} (V - Kh H_start), y = Qh H_start + read u, H_end = P_end H_start + Kc u. Its solve has
-    d_v right-hand sides (the affine maps' has d_v + d_k) and it forms no d_k x d_k map, so where the
-    chunks run one at a time anyway (eager) it is the cheaper form. Returns (Y (N,B,H,C,d_v), H_T)."""
-    ends = [None] * tri.shape[0] if log_P_end is None else log_P_end.exp()[..., None, None].unbind(0)
+    d_v right-hand sides (the affine maps' has d_v + d_k), it forms no d_k x d_k map, and each
+    chunk's M x M terms live only inside its step, so where the chunks run one at a time anyway
+    (eager) it is the cheaper form. Returns (Y (N,B,H,C,d_v), H_T)."""
     ys = []
-    # unbind, not tri[n]: the backward of N separate selects would fill N full-size zero gradients
-    for tri_n, read_n, V_n, Kh_n, Qh_n, Kc_n, end_n in zip(tri.unbind(0), read.unbind(0), V.unbind(0),
-                                                           Kh.unbind(0), Qh.unbind(0), Kc.unbind(0), ends):
-        u = scans.unit_lower_solve(tri_n, V_n - Kh_n @ h)
-        ys.append(Qh_n @ h + read_n @ u)
-        h = (h if end_n is None else end_n * h) + Kc_n @ u
+    lgs = [None] * Q.shape[0] if lg is None else lg.unbind(0)
+    # unbind, not Q[n]: the backward of N separate selects would fill N full-size zero gradients
+    for Q_n, K_n, V_n, b_n, lg_n in zip(Q.unbind(0), K.unbind(0), V.unbind(0), b.unbind(0), lgs):
+        tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q_n, K_n, b_n, lg_n, nh, strict, causal)
+        u = scans.unit_lower_solve(tri, V_n - Kh @ h)
+        ys.append(Qh @ h + read @ u)
+        h = (h if log_end is None else log_end.exp()[..., None, None] * h) + Kc @ u
     return torch.stack(ys), h
 
 
