@@ -126,6 +126,12 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if across not in (None, "carry", "loop", "scan"):
         raise ValueError(f"across must be None, 'carry', 'loop' or 'scan', got {across!r}")
+    with torch.autocast(q.device.type, enabled=False):  # the algebra below runs in float32 or float64
+        return _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across)
+
+
+def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
+    """delta_rule_chunked on checked inputs, k, v, beta with their nh axis."""
     B, T, nh, H, d_k = k.shape
     d_v = v.shape[-1]
     out_dtype = q.dtype

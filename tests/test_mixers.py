@@ -200,8 +200,9 @@ def test_delta_block_carries_its_matrix_state(eager_mode):
 
 @pytest.mark.parametrize("make", [lambda: mingru.MinGRU(8, 8), lambda: mingru.SignedMinGRU(8, 8),
                                   lambda: mingru.RotationMinGRU(8, 8), lambda: mingru.GivensMinGRU(8, 8, block_size=4),
-                                  lambda: mingru.GivensMinGRU(8, 8, block_size=4, fused=False)],
-                         ids=["log", "signed", "rotation", "givens", "givens-generic"])
+                                  lambda: mingru.GivensMinGRU(8, 8, block_size=4, fused=False),
+                                  lambda: mingru.DeltaMinGRU(8, 8, n_heads=2)],
+                         ids=["log", "signed", "rotation", "givens", "givens-generic", "delta"])
 def test_autocast_bfloat16_runs_in_one_dtype(make):
     """Under autocast the projections are bfloat16 while h0, decay and buffers are float32: the
     scan gets one dtype, and the result stays close to the float32 forward."""
