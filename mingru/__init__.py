@@ -7,15 +7,19 @@ from mingru.ops import (gated_recurrence, linear_recurrence, linear_scan, matrix
                         matrix_recurrence, matrix_scan, parallel_scan_log, rotation_recurrence)
 
 __all__ = ["ScanFallback", "scan_mode", "MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU",
-           "MinGRUBlock", "MinGRUStack",
+           "DeltaMinGRU", "MinGRUBlock", "MinGRUStack",
            "linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "matrix_scan",
            "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # DeltaMinGRU lives in its own module, loaded on first use.
+    # DeltaMinGRU lives in its own module, loaded on first use (`from mingru import *` included).
     if name == "DeltaMinGRU":
         from mingru.blocks import mixer_class
         return mixer_class("delta")
     raise AttributeError(f"module 'mingru' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"DeltaMinGRU"})

@@ -76,3 +76,24 @@ def test_matches_published_on_gpu(name, seed_results, monkeypatch):
         if key not in ("state_dict", "x", "w", "dt"):
             torch.testing.assert_close(got[key].cpu().double(), want.double(), atol=2e-4, rtol=2e-3,
                                        msg=f"{name}: {key}")
+
+
+def test_every_published_name_is_ours(tmp_path):
+    """`from mingru import *` and attribute access give every name mingru-scans 0.2.0 exports."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import SEED_DIR
+    if not (SEED_DIR / "mingru" / "__init__.py").exists():
+        pytest.skip(f"mingru-scans 0.2.0 is not unpacked in {SEED_DIR} (run `make peers`)")
+    env = {**os.environ, "PYTHONPATH": str(SEED_DIR)}
+    probe = "import mingru; print(mingru.__file__); print(*mingru.__all__)"
+    where, published = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                                      text=True, check=True).stdout.splitlines()
+    assert where.startswith(str(SEED_DIR)), where  # the published package, not ours
+    names = [n for n in published.split() if n != "__version__"]
+    assert names and set(names) <= set(mingru.__all__), sorted(set(names) - set(mingru.__all__))
+    star = {}
+    exec("from mingru import *", star)
+    assert all(n in star for n in names), [n for n in names if n not in star]
