@@ -197,19 +197,18 @@ def _chunk_terms(Q, K, b, lg, nh, strict, causal):
     (..) or None. P is the chunk-relative cumulative decay."""
     bK = (b.unsqueeze(-1) * K).transpose(-1, -2)           # beta enters as the columns' scale, before
     tri, read = K @ bK, Q @ bK                            # the products: an M x d_k pass, not M x M
-    carry_w, Kh, Qh, log_end = b, K, Q, None               # carry_w: weight of u_l in the chunk-end state
+    Kc, Kh, Qh, log_end = bK, K, Q, None
     if lg is not None:
         cum_t = lg.cumsum(-1)                            # log P at each token, chunk-relative
         cum_m = cum_t.repeat_interleave(nh, dim=-1)      # ... at each micro-step
         tri = tri * (cum_m[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
         read = read * (cum_t[..., :, None] - cum_m[..., None, :]).clamp(max=0).exp()
-        carry_w = b * (cum_t[..., -1:] - cum_m).exp()
+        Kc = bK * (cum_t[..., -1:] - cum_m).exp().unsqueeze(-2)  # u_l's weight in the chunk-end state
         Kh = K * cum_m.exp().unsqueeze(-1)
         Qh = Q * cum_t.exp().unsqueeze(-1)
         log_end = cum_t[..., -1]
     tri = tri.masked_fill(~strict, 0.0)
     read = read.masked_fill(~causal, 0.0)
-    Kc = bK if lg is None else (carry_w.unsqueeze(-1) * K).transpose(-1, -2)
     return tri, read, Kh, Qh, Kc, log_end
 
 

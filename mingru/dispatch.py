@@ -102,11 +102,14 @@ def _warn_once(name, reason):
                       "once per process", RuntimeWarning, stacklevel=4)
 
 
+def _eager_by_mode(mode, x):
+    return mode == "eager" or (mode == "auto" and x.device.type != "cuda")
+
+
 def runs_eager(x):
     """Whether dispatch runs the eager scan for inputs on x's device: MINGRU_SCAN=eager, or auto off
     CUDA (a caller with an eager-only form of its own picks it from this)."""
-    mode = scan_mode()
-    return mode == "eager" or (mode == "auto" and x.device.type != "cuda")
+    return _eager_by_mode(scan_mode(), x)
 
 
 def dispatch(name, eager, *args, local=False):
@@ -115,13 +118,10 @@ def dispatch(name, eager, *args, local=False):
     if sequence_parallel_route is not None and not local:
         return sequence_parallel_route(name, *args)
     mode = scan_mode()
-    if mode == "eager":
-        return eager(*args)
-    on_cuda = args[0].device.type == "cuda"
-    if (mode == "auto" and not on_cuda) or args[0].numel() == 0:
+    if _eager_by_mode(mode, args[0]) or args[0].numel() == 0:
         return eager(*args)  # empty batches need no kernel launch
     try:
-        if not on_cuda and not interpreting():
+        if args[0].device.type != "cuda" and not interpreting():
             raise ScanFallback(f"tensors are on {args[0].device.type}; the kernels need CUDA "
                                "(or TRITON_INTERPRET=1 to run them on the CPU)")
         return triton_impl(name)(*args)

@@ -74,9 +74,10 @@ class MinGRU(_Mixer):
     """h_t = gamma_t (1 - z_t) h_{t-1} + z_t g(h~_t), z = sigmoid(linear_z x), h~ = linear_h x.
 
     `gated_recurrence` runs it from the pre-activations k and h~ (on CUDA one kernel computes the
-    gates as it loads them); with decay, `linear_recurrence` runs it on a = gamma (1 - z), b = z g(h~).
-    Linear space needs no logs here: 0 < a < 1, so every state is a weighted average of h0 and g values. The default initial state
-    is g(0) = 0.5, or g(h0_pre) with `learnable_h0`; a given h_0 must be >= 0 (a real state).
+    gates as it loads them); with decay, `linear_recurrence` runs it on a = gamma (1 - z), b = z g(h~)
+    (`scans.gates`). Linear space needs no logs here: 0 < a < 1, so every state is a weighted average
+    of h0 and g values. The default initial state is g(0) = 0.5, or g(h0_pre) with `learnable_h0`;
+    a given h_0 must be >= 0 (a real state).
     """
 
     def __init__(self, input_size, hidden_size, bias=True, learnable_h0=False, decay=None,
@@ -100,8 +101,8 @@ class MinGRU(_Mixer):
         dt = self._dt(delta_t, x)
         if dt is None:  # the gates are computed inside the scan's kernel
             return ops.gated_recurrence(k, cand, h_0)
-        a = torch.sigmoid(-k) * self._decay_gamma(dt)  # sigmoid(-k), not 1 - z: exact where z is near 1
-        return ops.linear_recurrence(a.to(k.dtype), torch.sigmoid(k) * g(cand), h_0)
+        a, b = scans.gates(k, cand)
+        return ops.linear_recurrence((a * self._decay_gamma(dt)).to(k.dtype), b, h_0)
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):

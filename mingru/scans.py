@@ -234,14 +234,19 @@ def g(x):
     return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
 
 
+def gates(k, cand):
+    """minGRU's coefficients from its pre-activations: a = 1 - z, computed as sigmoid(-k) (exact
+    where z = sigmoid(k) is near 1, where 1 - z would round to 0), and b = z g(cand)."""
+    return torch.sigmoid(-k), torch.sigmoid(k) * g(cand)
+
+
 def gated_recurrence(k, cand, h0):
     """minGRU from its pre-activations: h_t = (1 - z_t) h_{t-1} + z_t g(cand_t), z = sigmoid(k),
     as the kernel runs it: linear_recurrence on a = 1 - z = sigmoid(-k) and b = z g(cand), gates in
     float32. Linear space is stable here without logs: 0 < a < 1, so every composed coefficient only
     shrinks and every state is a weighted sum of h0 and the g values; and any h0 (negative too) gets
     its exact state and gradient, where log space needs h0 > 0."""
-    k32, c32 = _upcast(k, cand)
-    return linear_recurrence(torch.sigmoid(-k32), torch.sigmoid(k32) * g(c32), h0).to(k.dtype)
+    return linear_recurrence(*gates(*_upcast(k, cand)), h0).to(k.dtype)
 
 
 def matrix_affine_scan(A, Bm):
