@@ -50,10 +50,13 @@ class _Mixer(DecayMixin, nn.Module):
         check_input_dtype(name, x, self)
 
     def _state(self, h, x, step, default):
-        """The initial state, checked: (B, 1, H) for forward, (B, H) for step; `default()` if None."""
+        """The initial state, checked: (B, 1, H) for forward, (B, H) for step; `default(x)` if None.
+
+        A default is made on x's device: a host tensor copied over would make every call wait for
+        the GPU (torch synchronizes a blocking host-to-device copy)."""
         B, H = x.shape[0], self.hidden_size
         if h is None:
-            h = default().to(device=x.device, dtype=x.dtype)
+            h = default(x).to(dtype=x.dtype)
             return h.expand(B, 1, H)[:, 0] if step else h.expand(B, 1, H)
         want = (B, H) if step else (B, 1, H)
         if not isinstance(h, torch.Tensor) or tuple(h.shape) != want:
@@ -87,8 +90,8 @@ class MinGRU(_Mixer):
         self.h0_pre = nn.Parameter(torch.zeros(1, 1, hidden_size)) if learnable_h0 else None
         self._init_decay(decay, decay_rate, log1p_delta, hidden_size)
 
-    def _default_h0(self):
-        return g(self.h0_pre) if self.h0_pre is not None else torch.full((1, 1, self.hidden_size), 0.5)
+    def _default_h0(self, x):
+        return g(self.h0_pre) if self.h0_pre is not None else x.new_full((1, 1, self.hidden_size), 0.5)
 
     def forward(self, x, h_0=None, delta_t=None):
         self._check_x(x, step=False)
@@ -141,8 +144,8 @@ class SignedMinGRU(_Mixer):
         self.h0 = nn.Parameter(torch.zeros(1, 1, hidden_size)) if learnable_h0 else None
         self._init_decay(decay, decay_rate, log1p_delta, hidden_size)
 
-    def _default_h0(self):
-        return self.h0 if self.h0 is not None else torch.zeros(1, 1, self.hidden_size)
+    def _default_h0(self, x):
+        return self.h0 if self.h0 is not None else x.new_zeros(1, 1, self.hidden_size)
 
     def _coeffs(self, x, delta_t):
         k, cand, s = self._project(x, self.linear_z, self.linear_h, self.linear_s)
@@ -178,7 +181,7 @@ class _BlockMixer(_Mixer):
     The initial state is the learned parameter h0 (1, 1, hidden_size), drawn as 0.5 * N(0, 1).
     """
 
-    def _default_h0(self):
+    def _default_h0(self, x):
         return self.h0
 
     def _blocks(self, t):

@@ -29,8 +29,8 @@ RESULTS = ROOT / "results"
 # summary say how many cases it left out. Each is set above what the sweep takes on an H200 once
 # the pool has compiled its kernels (results/reproduce.json records what each step took).
 HARNESSES = {
-    "seed": ("04", 60), "speed": ("04", 30), "layer": ("04", 60), "parity": ("06", 30),
-    "memory": ("05", 50), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
+    "seed": ("04", 60), "speed": ("04", 30), "layer": ("04", 50), "parity": ("06", 70),
+    "memory": ("05", 35), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
     "layout": ("02", 10), "scaling": ("08", 15), "layer_cpu": ("04", 20),
 }
 ISOLATED = ("peers",)  # harnesses that run other projects' kernels, each in a child process (run_harness)
@@ -329,7 +329,8 @@ def write_record(results_dir, record, total, cache, env, keys, smoke, complete=T
     and the worker seconds of the compile pools per harness function (and each one's longest call)."""
     from mingru.bench import env as environment
     from mingru.bench import warm
-    commit, dirty = environment.git_state()
+    # the state at the run's start: by its end the run has rewritten results/, which git tracks
+    commit, dirty = (env["git_commit"], env["git_dirty"]) if env else environment.git_state()
     data = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": commit, "git_dirty": dirty, "gpu": (env or {}).get("gpu") or environment.gpu_record()["gpu"],
             "smoke": smoke, "triton_cache": cache, "chapters": keys, "complete": complete,

@@ -183,6 +183,20 @@ def train(model, task, steps, batch, seed=0, lr=3e-3, scan=None, autocast=None, 
     return run
 
 
+def first_step(model, task, batch, seed=0, scan=None):
+    """The loss and the flattened parameter gradient of `train`'s first step (its batch, the model's
+    weights as they are). Two paths of one model compared here differ by their rounding alone:
+    after that first step Adam feeds every difference back into the weights, and it scales a tiny
+    gradient to a full step, so loss curves drift apart where gradients agree."""
+    device = next(model.parameters()).device
+    inputs, targets = (t.to(device) for t in task.batch(batch, torch.Generator().manual_seed(seed)))
+    model.zero_grad(set_to_none=True)
+    with dispatch.using(scan) if scan else contextlib.nullcontext():
+        loss = copy_loss(model(inputs)[0], targets)
+        loss.backward()
+    return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
 @dataclass(frozen=True)
 class Demo:
     """The sizes of the chapter that trains every mixer in a TinyLM ("Using the mixers").

@@ -212,3 +212,28 @@ def test_autocast_bfloat16_runs_in_one_dtype(make):
         y = mixer(x)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), mixer(x), atol=0.1, rtol=0.1)
+
+
+def test_default_states_are_made_on_the_inputs_device():
+    """A default state made on the host and copied over would make every forward wait for the GPU
+    (a blocking host-to-device copy synchronizes); the 'meta' device stands in for CUDA here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class HostTensors(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tree_leaves((args, kwargs, out))):
+                self.ops.append(func)
+            return out
+
+    x = torch.empty(2, 3, 4, device="meta")
+    for mixer in (mingru.MinGRU(4, 4), mingru.SignedMinGRU(4, 4)):
+        for step in (False, True):
+            with HostTensors() as mode:
+                h = mixer._state(None, x[:, 0] if step else x, step, mixer._default_h0)
+            assert h.device.type == "meta" and not mode.ops, (type(mixer).__name__, step, mode.ops)
