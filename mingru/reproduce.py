@@ -326,7 +326,8 @@ def compile_ahead(harnesses, keys, env):
 
 def write_record(results_dir, record, total, cache, env, keys, smoke, complete=True):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
-    and the worker seconds of the compile pools per harness function (and each one's longest call)."""
+    and the worker seconds of the compile pools per harness function (each one's longest call, and
+    its calls that raised in the pool: their cases compiled in the sweep instead)."""
     from mingru.bench import env as environment
     from mingru.bench import warm
     # the state at the run's start: by its end the run has rewritten results/, which git tracks
@@ -336,7 +337,8 @@ def write_record(results_dir, record, total, cache, env, keys, smoke, complete=T
             "smoke": smoke, "triton_cache": cache, "chapters": keys, "complete": complete,
             "total_s": round(total, 1), "budget_s": sum(r["budget_s"] for r in record), "steps": record,
             "compile_worker_s": {target: round(s, 1) for target, s in sorted(warm.SPENT.items())},
-            "compile_longest_call_s": {target: round(s, 1) for target, s in sorted(warm.LONGEST.items())}}
+            "compile_longest_call_s": {target: round(s, 1) for target, s in sorted(warm.LONGEST.items())},
+            "compile_failures": {target: {"calls": n, "first": first} for target, (n, first) in sorted(warm.FAILED.items())}}
     path = Path(results_dir) / "reproduce.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")

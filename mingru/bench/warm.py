@@ -15,12 +15,14 @@ import concurrent.futures
 import importlib
 import multiprocessing
 import os
+import sys
 import time
 
 WORKERS_ENV = "MINGRU_BENCH_WORKERS"
 DONE = set()  # targets whose cases a run-wide pool (warm_all) already compiled in this process
 SPENT = {}  # target -> worker seconds its calls took in the last pool that ran it (where a cold run's time goes)
 LONGEST = {}  # target -> its longest single call in that pool (what bounds the pool from below)
+FAILED = {}  # target -> (calls that raised in that pool, the first one's error): those cases compile in the sweep
 
 
 def default_workers(device):
@@ -34,19 +36,21 @@ def default_workers(device):
 
 
 def _run_call(target, case):
-    """Run one call in this worker; return the seconds it took."""
+    """Run one call in this worker; return the seconds it took and the error it raised (or None)."""
     module, _, name = target.partition(":")
     start = time.monotonic()
+    error = None
     try:
         getattr(importlib.import_module(module), name)(*case)
-    except Exception:  # noqa: BLE001  (the main process measures the case again and reports it)
-        pass
-    return time.monotonic() - start
+    except Exception as exc:  # noqa: BLE001  (the main process measures the case again and reports it)
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    return time.monotonic() - start, error
 
 
 def _pool(calls, workers):
     """Run (target, case) calls across `workers` spawned processes; return the seconds spent (and
-    add each target's worker seconds to SPENT, its longest call to LONGEST).
+    add each target's worker seconds to SPENT, its longest call to LONGEST, the calls that raised to
+    FAILED, each target's failures also printed: the sweep then compiles those cases one by one).
 
     Calls are handed out one at a time, in the given order, to whichever worker is free, so the
     pool ends soon after its longest call when that call is listed first (a static split would
@@ -60,15 +64,28 @@ def _pool(calls, workers):
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context) as pool:
             futures = [(target, pool.submit(_run_call, target, case)) for target, case in calls]
             for target, future in futures:
-                seconds = future.result()
+                seconds, error = future.result()
                 SPENT[target] = SPENT.get(target, 0.0) + seconds
                 LONGEST[target] = max(LONGEST.get(target, 0.0), seconds)
+                if error:
+                    count, first = FAILED.get(target, (0, error))
+                    FAILED[target] = (count + 1, first)
     finally:
         if old is None:
             os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS")
         else:
             os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = old
+    for target in dict.fromkeys(target for target, _ in calls):
+        if target in FAILED:
+            count, first = FAILED[target]
+            print(f"compile pool: {count} call(s) of {target} raised (first: {first}); the sweep compiles "
+                  "those cases itself", file=sys.stderr, flush=True)
     return time.monotonic() - start
+
+
+def _forget(target):
+    for record in (SPENT, LONGEST, FAILED):
+        record.pop(target, None)
 
 
 def warm(target, cases, workers):
@@ -77,8 +94,7 @@ def warm(target, cases, workers):
     cases = list(cases)
     if target in DONE or workers < 2 or len(cases) < 2:
         return 0.0
-    SPENT.pop(target, None)
-    LONGEST.pop(target, None)
+    _forget(target)
     return _pool([(target, case) for case in cases], workers)
 
 
@@ -95,8 +111,7 @@ def warm_all(plans, workers):
     if workers < 2 or not calls:
         return 0.0
     for target, _ in plans:
-        SPENT.pop(target, None)
-        LONGEST.pop(target, None)
+        _forget(target)
     seconds = _pool(calls, workers)
     DONE.update(target for target, _ in plans)
     return seconds
