@@ -14,27 +14,26 @@ def _checked(op, specs):
     return check_shapes(op, specs)
 
 
-def _empty(*like):
-    """A scan's outputs over no steps: clones of the (empty) inputs whose shapes the outputs have."""
-    copies = tuple(x.clone() for x in like)
-    return copies if len(copies) > 1 else copies[0]
+def _run(name, eager, sizes, empty, *args):
+    """dispatch(name, eager, *args); over no steps (sizes["T"] == 0) clones of `empty`, the (empty)
+    inputs whose shapes the outputs have, and no kernel runs."""
+    if not sizes["T"]:
+        copies = tuple(x.clone() for x in empty)
+        return copies if len(copies) > 1 else copies[0]
+    return dispatch(name, eager, *args)
 
 
 def linear_scan(a, b):
     """Signed scalar scan. a, b (B,T,D) -> (A, Bc), each (B,T,D), with h_t = A_t h0 + Bc_t."""
     sizes = _checked("linear_scan", [("a", a, ("B", "T", "D")), ("b", b, ("B", "T", "D"))])
-    if not sizes["T"]:
-        return _empty(a, b)
-    return dispatch("linear_scan", scans.linear_scan, a, b)
+    return _run("linear_scan", scans.linear_scan, sizes, (a, b), a, b)
 
 
 def linear_recurrence(a, b, h0=None):
     """States only: h_t = a_t h_{t-1} + b_t from h0 (B,D) (zeros if None) -> h (B,T,D)."""
     sizes = _checked("linear_recurrence", [("a", a, ("B", "T", "D")), ("b", b, ("B", "T", "D")),
                                            ("h0", h0, ("B", "D"))])
-    if not sizes["T"]:
-        return _empty(b)
-    return dispatch("linear_recurrence", scans.linear_recurrence, a, b, h0)
+    return _run("linear_recurrence", scans.linear_recurrence, sizes, (b,), a, b, h0)
 
 
 def parallel_scan_log(log_coeffs, log_values):
@@ -44,9 +43,7 @@ def parallel_scan_log(log_coeffs, log_values):
     """
     sizes = _checked("parallel_scan_log", [("log_coeffs", log_coeffs, ("B", "T", "D")),
                                            ("log_values", log_values, ("B", "T+1", "D"))])
-    if not sizes["T"]:
-        return _empty(log_coeffs)
-    return dispatch("parallel_scan_log", scans.parallel_scan_log, log_coeffs, log_values)
+    return _run("parallel_scan_log", scans.parallel_scan_log, sizes, (log_coeffs,), log_coeffs, log_values)
 
 
 def gated_recurrence(k, cand, h0=None):
@@ -60,37 +57,29 @@ def gated_recurrence(k, cand, h0=None):
     """
     sizes = _checked("gated_recurrence", [("k", k, ("B", "T", "D")), ("cand", cand, ("B", "T", "D")),
                                           ("h0", h0, ("B", "D"))])
-    if not sizes["T"]:
-        return _empty(cand)
     if h0 is None:
         h0 = k.new_zeros(k.shape[0], k.shape[2])
-    return dispatch("gated_recurrence", scans.gated_recurrence, k, cand, h0)
+    return _run("gated_recurrence", scans.gated_recurrence, sizes, (cand,), k, cand, h0)
 
 
 def matrix_scan(M, b):
     """2x2 scan. M (B,T,n,2,2), b (B,T,n,2) -> (A (B,T,n,2,2), Bc (B,T,n,2))."""
     sizes = _checked("matrix_scan", [("M", M, ("B", "T", "n", 2, 2)), ("b", b, ("B", "T", "n", 2))])
-    if not sizes["T"]:
-        return _empty(M, b)
-    return dispatch("matrix_scan", scans.matrix_scan, M, b)
+    return _run("matrix_scan", scans.matrix_scan, sizes, (M, b), M, b)
 
 
 def matrix_affine_scan(A, Bm):
     """k x k scan. A (B,T,n,k,k), Bm (B,T,n,k,v) -> (Abar (B,T,n,k,k), Bbar (B,T,n,k,v))."""
     sizes = _checked("matrix_affine_scan", [("A", A, ("B", "T", "n", "k", "k")),
                                             ("Bm", Bm, ("B", "T", "n", "k", "v"))])
-    if not sizes["T"]:
-        return _empty(A, Bm)
-    return dispatch("matrix_affine_scan", scans.matrix_affine_scan, A, Bm)
+    return _run("matrix_affine_scan", scans.matrix_affine_scan, sizes, (A, Bm), A, Bm)
 
 
 def matrix_recurrence(A, X, h0=None):
     """States only: h_t = A_t h_{t-1} + X_t. A (B,T,n,k,k), X (B,T,n,k,v), h0 (B,n,k,v) -> h like X."""
     sizes = _checked("matrix_recurrence", [("A", A, ("B", "T", "n", "k", "k")),
                                            ("X", X, ("B", "T", "n", "k", "v")), ("h0", h0, ("B", "n", "k", "v"))])
-    if not sizes["T"]:
-        return _empty(X)
-    return dispatch("matrix_recurrence", scans.matrix_recurrence, A, X, h0)
+    return _run("matrix_recurrence", scans.matrix_recurrence, sizes, (X,), A, X, h0)
 
 
 def rotation_recurrence(angles, decay, u, h0=None, scale=None):
@@ -107,7 +96,5 @@ def rotation_recurrence(angles, decay, u, h0=None, scale=None):
     if sizes["k"] != 2 * sizes["half"]:
         raise ValueError(f"rotation_recurrence: angles must have k/2 = {sizes['k'] // 2} angles per "
                          f"layer for u with k = {sizes['k']}, got {sizes['half']} (shape {tuple(angles.shape)})")
-    if not sizes["T"]:
-        return _empty(u)
     scaled = () if scale is None else (scale,)
-    return dispatch("rotation_recurrence", scans.rotation_recurrence, angles, decay, u, h0, *scaled)
+    return _run("rotation_recurrence", scans.rotation_recurrence, sizes, (u,), angles, decay, u, h0, *scaled)
