@@ -11,7 +11,7 @@ Parameter names and shapes are the published ones: one nn.Linear per projection.
 import torch
 from torch import nn
 
-from mingru import ops, scans
+from mingru import dispatch, ops, scans
 from mingru.decay import DecayMixin
 from mingru.scans import g
 from mingru.validate import check_input_dtype, data_checkable
@@ -99,10 +99,13 @@ class MinGRU(_Mixer):
         h_0 = self._state(h_0, x, False, self._default_h0)
         if given:
             _check_nonnegative(h_0)
+        dt = self._dt(delta_t, x)
+        if dt is None and _stacks(x):  # one matmul; the kernel computes the gates as it reads k | cand
+            kc = _stacked(x, self.linear_z, self.linear_h)
+            return ops.gated_recurrence_stacked(kc, h_0[:, 0].to(kc.dtype))
         k, cand = self._project(x, self.linear_z, self.linear_h)
         h_0 = h_0[:, 0].to(k.dtype)
-        dt = self._dt(delta_t, x)
-        if dt is None:  # the gates are computed inside the scan's kernel
+        if dt is None:
             return ops.gated_recurrence(k, cand, h_0)
         a, b = scans.gates(k, cand)
         return ops.linear_recurrence((a * self._decay_gamma(dt)).to(k.dtype), b, h_0)
@@ -118,6 +121,20 @@ class MinGRU(_Mixer):
         if dt is not None:
             a = a * self._decay_gamma(dt)
         return a * h_prev + z * g(cand)
+
+
+def _stacks(x):
+    """Whether MinGRU runs its two projections as one matmul: where the scan's kernel runs (it reads
+    k | cand in place). The eager scan and the sequence-parallel route take k and cand apart."""
+    return not dispatch.runs_eager(x) and dispatch.sequence_parallel_route is None
+
+
+def _stacked(x, *linears):
+    """The outputs of `linears` on x side by side in the last dim, from one matmul over their
+    stacked weights (the parameters stay separate: the checkpoint layout is unchanged)."""
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat(biases)
+    return nn.functional.linear(x, torch.cat([lin.weight for lin in linears]), bias)
 
 
 def _check_nonnegative(h_0):

@@ -62,6 +62,27 @@ def gated_recurrence(k, cand, h0=None):
     return _run("gated_recurrence", scans.gated_recurrence, sizes, (cand,), k, cand, h0)
 
 
+def gated_recurrence_stacked(kc, h0=None):
+    """gated_recurrence on one (B,T,2D) tensor holding k | cand side by side in its last dim (what
+    one matmul over the two projections' stacked weights writes), h0 (B,D) -> h (B,T,D).
+
+    The kernel reads both halves in place and its backward writes their gradients into one
+    (B,T,2D) tensor, so a layer runs one matmul forward and one per gradient backward.
+    """
+    sizes = _checked("gated_recurrence_stacked", [("kc", kc, ("B", "T", "2D")), ("h0", h0, ("B", "D"))])
+    if sizes["2D"] % 2 or ("D" in sizes and 2 * sizes["D"] != sizes["2D"]):
+        raise ValueError(f"gated_recurrence_stacked: kc must have shape (B, T, 2D) (k | cand) and h0 shape "
+                         f"(B, D), got kc {tuple(kc.shape)} and h0 {None if h0 is None else tuple(h0.shape)}")
+    if h0 is None:
+        h0 = kc.new_zeros(kc.shape[0], kc.shape[2] // 2)
+    return _run("gated_recurrence_stacked", _gated_stacked_eager, sizes, (kc[..., :kc.shape[2] // 2],), kc, h0)
+
+
+def _gated_stacked_eager(kc, h0):
+    k, cand = kc.chunk(2, dim=-1)
+    return scans.gated_recurrence(k, cand, h0)
+
+
 def matrix_scan(M, b):
     """2x2 scan. M (B,T,n,2,2), b (B,T,n,2) -> (A (B,T,n,2,2), Bc (B,T,n,2))."""
     sizes = _checked("matrix_scan", [("M", M, ("B", "T", "n", 2, 2)), ("b", b, ("B", "T", "n", 2))])

@@ -28,6 +28,8 @@ CASES = [
     ("affine-not-square", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 2), r(2, 5, 3, 4, 1)), ValueError, ["A", "k = 2", "k = 4"]),
     ("affine-k", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 4), r(2, 5, 3, 2, 1)), ValueError, ["Bm", "k = 2"]),
     ("affine-rank", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 4), r(2, 5, 3, 4)), ValueError, ["Bm", "(B, T, n, k, v)"]),
+    ("stacked-odd", mingru.gated_recurrence_stacked, lambda: (r(2, 5, 7),), ValueError, ["kc", "(B, T, 2D)", "(2, 5, 7)"]),
+    ("stacked-h0", mingru.gated_recurrence_stacked, lambda: (r(2, 5, 6), r(2, 4)), ValueError, ["h0", "(B, D)", "(2, 4)"]),
     ("rotation-half", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 3), r(2, 5, 3), r(2, 5, 3, 4)), ValueError, ["angles", "k/2"]),
     ("rotation-decay", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 2), r(2, 5), r(2, 5, 3, 4)), ValueError, ["decay", "(B, T, n)"]),
 ]
@@ -79,6 +81,7 @@ EMPTY = [  # (op, inputs with T = 0, the shapes of its outputs)
     (mingru.linear_recurrence, lambda: (r(2, 0, 3), r(2, 0, 3), r(2, 3)), [(2, 0, 3)]),
     (mingru.parallel_scan_log, lambda: (r(2, 0, 3), r(2, 1, 3)), [(2, 0, 3)]),
     (mingru.gated_recurrence, lambda: (r(2, 0, 3), r(2, 0, 3)), [(2, 0, 3)]),
+    (mingru.gated_recurrence_stacked, lambda: (r(2, 0, 6),), [(2, 0, 3)]),
     (mingru.matrix_scan, lambda: (r(2, 0, 3, 2, 2), r(2, 0, 3, 2)), [(2, 0, 3, 2, 2), (2, 0, 3, 2)]),
     (mingru.matrix_affine_scan, lambda: (r(2, 0, 3, 4, 4), r(2, 0, 3, 4, 2)), [(2, 0, 3, 4, 4), (2, 0, 3, 4, 2)]),
     (mingru.matrix_recurrence, lambda: (r(2, 0, 3, 4, 4), r(2, 0, 3, 4, 2), r(2, 3, 4, 2)), [(2, 0, 3, 4, 2)]),

@@ -22,8 +22,8 @@ MIXERS = {
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
 }
-OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "matrix_scan", "matrix_affine_scan",
-       "matrix_recurrence", "rotation_recurrence"]
+OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "gated_recurrence_stacked",
+       "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
 # float32 throughout; the kernels and the eager reference sum in different orders
 TOL = dict(atol=1e-4, rtol=1e-4)
 GRAD_TOL = dict(atol=1e-3, rtol=1e-3)  # rtol times the gradient's largest entry (normwise)
@@ -37,6 +37,7 @@ def _op_args():
         "linear_recurrence": (p(2, 37, 24), r(2, 37, 24), r(2, 24)),
         "parallel_scan_log": (-p(2, 37, 24), r(2, 38, 24)),
         "gated_recurrence": (r(2, 37, 24), r(2, 37, 24), p(2, 24)),
+        "gated_recurrence_stacked": (r(2, 37, 48), p(2, 24)),
         "matrix_scan": (r(2, 37, 3, 2, 2) * 0.5, r(2, 37, 3, 2)),
         "matrix_affine_scan": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2)),
         "matrix_recurrence": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2), r(2, 3, 4, 2)),

@@ -1,5 +1,5 @@
-"""Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log, gated_recurrence) vs the
-float64 loops.
+"""Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log, gated_recurrence and
+its stacked form) vs the float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
 shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the two-pass
@@ -51,6 +51,9 @@ OPS = {
     "linear_recurrence-no_h0": (lambda a, b: mingru.linear_recurrence(a, b), naive.linear_recurrence_naive),
     "parallel_scan_log": (mingru.parallel_scan_log, naive.parallel_scan_log_naive),
     "gated_recurrence": (mingru.gated_recurrence, naive.gated_recurrence_naive),
+    # k | cand stacked in one tensor, as MinGRU's single projection matmul writes them
+    "gated_recurrence-stacked": (lambda k, cand, h0: mingru.gated_recurrence_stacked(torch.cat([k, cand], -1), h0),
+                                 naive.gated_recurrence_naive),
 }
 
 

@@ -6,6 +6,7 @@ inputs and cotangents and gates the difference per op family; the float64 sequen
 """
 import copy
 import itertools
+import time
 
 import torch
 
@@ -179,7 +180,9 @@ def measure(device, quick, env, keep=lambda name: True):
     WARM["seconds"] = warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     rows = []
     for name, dims, dtype in Sweep("parity", cases_, lambda c: f"{c[0]} {cases.label(c[1])} {c[2]}"):
+        start = time.monotonic()
         rows.append(check(name, dims, dtype, device))
+        rows[-1]["seconds"] = round(time.monotonic() - start, 3)  # where a sweep's time goes (compiles included)
     if not cases_:
         rows.append({"op": "all", "pass": None, "status": SKIPPED})
     return rows

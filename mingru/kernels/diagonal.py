@@ -46,11 +46,12 @@ def _acc(x, F64: tl.constexpr):
 
 
 @triton.jit
-def _tile_offsets(t0, t_end, cols, cmask, D, TILE: tl.constexpr):
-    """Offsets (relative to a batch row) and mask of the [TILE, BLOCK] tile starting at t0."""
-    rows = tl.arange(0, TILE)
-    mask = ((t0 + rows) < t_end)[:, None] & cmask[None, :]
-    return t0.to(tl.int64) * D + rows[:, None] * D + cols[None, :], mask
+def _tile_offsets(t0, t_end, cols, cmask, D, SX, TILE: tl.constexpr):
+    """Offsets (relative to a batch row) of the [TILE, BLOCK] tile starting at t0 in the outputs
+    (rows of D) and in the inputs (rows of SX), and its mask."""
+    rows = t0.to(tl.int64) + tl.arange(0, TILE)
+    mask = (rows < t_end)[:, None] & cmask[None, :]
+    return rows[:, None] * D + cols[None, :], rows[:, None] * SX + cols[None, :], mask
 
 
 @triton.jit
@@ -95,12 +96,13 @@ def _program(T, D, seg_len, segments, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, seg_len, segments,
+def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, SX, seg_len, segments,
                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
                     F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                     PREFETCH: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
-    y_base = lv_base + D if MODE == LOG else base
+    x_base = b * T * SX  # the inputs' rows hold SX elements (== D except for GATE's stacked k | cand)
+    y_base = lv_base + D if MODE == LOG else x_base
 
     carry_a = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
     carry_b = _acc(tl.zeros([BLOCK], tl.float32), F64)
@@ -117,7 +119,7 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
                 log_h = log_add_exp(agg_lc + log_h, tl.load(agg_ptr + agg_stride + agg_off + s * D,
                                                              mask=cmask, other=0.0))
             row = t_begin.to(tl.int64) * D + cols
-            lc0 = _acc(tl.load(x_ptr + base + row, mask=cmask, other=0.0), F64)
+            lc0 = _acc(tl.load(x_ptr + x_base + row, mask=cmask, other=0.0), F64)
             lv0 = _acc(tl.load(y_ptr + y_base + row, mask=cmask, other=0.0), F64)
             carry_b = tl.exp(lv0) + tl.exp(lc0 + log_h)
             tl.store(out_h_ptr + base + row, carry_b.to(out_h_ptr.dtype.element_ty), mask=cmask)
@@ -132,16 +134,16 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
                 carry_a = agg_a * carry_a
 
     if PREFETCH:  # registers hold the next tile while this one is scanned
-        offs, mask = _tile_offsets(start, t_end, cols, cmask, D, TILE)
-        x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
+        _, in_offs, mask = _tile_offsets(start, t_end, cols, cmask, D, SX, TILE)
+        x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, MODE, F64)
     for i in range(0, tl.cdiv(t_end - start, TILE)):
-        offs, mask = _tile_offsets(start + i * TILE, t_end, cols, cmask, D, TILE)
+        offs, in_offs, mask = _tile_offsets(start + i * TILE, t_end, cols, cmask, D, SX, TILE)
         if PREFETCH:
             x, y = x_next, y_next
-            offs_n, mask_n = _tile_offsets(start + (i + 1) * TILE, t_end, cols, cmask, D, TILE)
-            x_next, y_next = _load_inputs(x_ptr + base, y_ptr + y_base, offs_n, mask_n, MODE, F64)
+            _, in_offs_n, mask_n = _tile_offsets(start + (i + 1) * TILE, t_end, cols, cmask, D, SX, TILE)
+            x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs_n, mask_n, MODE, F64)
         else:
-            x, y = _load_inputs(x_ptr + base, y_ptr + y_base, offs, mask, MODE, F64)
+            x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, MODE, F64)
         if MODE == LOG:
             if AGG_PASS:
                 lc_sum += x
@@ -166,9 +168,10 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, s
 
 @triton.jit
 def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
-                 lv_base, offs, mask, prev_mask, first, D, MODE: tl.constexpr, HAS_H0: tl.constexpr,
-                 F64: tl.constexpr):
-    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A)."""
+                 x_base, lv_base, offs, in_offs, mask, prev_mask, first, D, MODE: tl.constexpr,
+                 HAS_H0: tl.constexpr, F64: tl.constexpr):
+    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A);
+    the gradients have the inputs' layout (x_base + in_offs), the outputs are read at base + offs."""
     dx_mask = mask
     if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
         a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
@@ -181,30 +184,32 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
             h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
             h_prev = tl.where(first, h0[None, :], h_prev)
         if MODE == GATE:  # h_t = (1 - z) h_{t-1} + z g(c): d/dk = z (1 - z) (g(c) - h_{t-1})
-            z = tl.sigmoid(_acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64))
-            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + base + offs, mask=mask, other=0.0), F64))
+            z = tl.sigmoid(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64))
+            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64))
             dx = lam_t * z * (1.0 - z) * (g_c - h_prev)
             dy = lam_t * z * dg_c
         else:
             dx = lam_t * h_prev
             dy = lam_t
     else:
-        lc = _acc(tl.load(x_ptr + base + offs, mask=mask, other=0.0), F64)
+        lc = _acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64)
         lv = _acc(tl.load(y_ptr + lv_base + D + offs, mask=mask, other=0.0), F64)
         h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
         dx = lam_t * tl.exp(lc) * h_prev
         dy = lam_t * tl.exp(lv)
         dx_mask = prev_mask  # step 1 needs e^{lc_1 + lv_0}: written after the loop
-    tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
-    dy_base = lv_base + D if MODE == LOG else base
-    tl.store(dy_ptr + dy_base + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + x_base + in_offs, dx.to(dx_ptr.dtype.element_ty), mask=dx_mask)
+    if MODE == LOG:
+        tl.store(dy_ptr + lv_base + D + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dy_ptr + x_base + in_offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D,
+def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, D,
                   MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
     """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
-    x0 = _acc(tl.load(x_ptr + base + cols, mask=cmask, other=0.0), F64)
+    x0 = _acc(tl.load(x_ptr + x_base + cols, mask=cmask, other=0.0), F64)
     if MODE == GATE:
         x0 = tl.sigmoid(-x0)
     if MODE == LOG:
@@ -213,17 +218,18 @@ def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, ba
         lv0 = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
         d0 = lam * tl.exp(x0 + lv0)
         tl.store(dy_ptr + lv_base + cols, d0.to(dy_ptr.dtype.element_ty), mask=cmask)
-        tl.store(dx_ptr + base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
+        tl.store(dx_ptr + x_base + cols, d0.to(dx_ptr.dtype.element_ty), mask=cmask)
     elif HAS_H0:
         tl.store(dh0_ptr + b * D + cols, (lam * x0).to(dh0_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
 def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
-                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, seg_len, segments,
+                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, SX, seg_len, segments,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
                      F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
+    x_base = b * T * SX  # inputs and their gradients: rows of SX elements (see the forward)
 
     # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
     # product of the coefficients (needed only for a segment's aggregate).
@@ -247,13 +253,15 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
         first = (t == 0)[:, None]
         offs = t.to(tl.int64)[:, None] * D + cols[None, :]
+        in_offs = t.to(tl.int64)[:, None] * SX + cols[None, :]
+        next_x = x_ptr + x_base + in_offs + SX
         # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
         if MODE == LOG:
-            c = tl.exp(_acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=float("-inf")), F64))
+            c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
         elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
-            c = tl.sigmoid(-_acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=float("inf")), F64))
+            c = tl.sigmoid(-_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64))
         else:
-            c = _acc(tl.load(x_ptr + base + offs + D, mask=next_mask, other=0.0), F64)
+            c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
         c = tl.where(valid[:, None], c, 1.0)
         g = _acc(tl.load(g_ptr + base + offs, mask=mask, other=0.0), F64)
         if AGG_PASS:  # the aggregate also needs the product of the coefficients
@@ -267,7 +275,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
 
         if not AGG_PASS:
             _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
-                         base, lv_base, offs, mask, prev_mask, first, D, MODE, HAS_H0, F64)
+                         base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, D, MODE, HAS_H0, F64)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
@@ -276,19 +284,22 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
     elif MODE != SCAN:
         if seg == 0:
-            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, base, lv_base, D, MODE,
+            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, D, MODE,
                           HAS_H0, F64)
 
 
-def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, **extra):
-    """Run `kernel` over the plan: the aggregate pass first when time is split."""
+def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, stacked=False, **extra):
+    """Run `kernel` over the plan: the aggregate pass first when time is split. x (B, T, D), or with
+    `stacked` GATE's (B, T, 2D) rows of k | cand (the inputs' row stride is then 2D)."""
     B, T, D = x.shape
+    if stacked:
+        D //= 2
     lay = layout.diagonal(B, T, D, x.device, direction, FORMS[mode.value])
     f64 = x.dtype == torch.float64
     agg = x
     if lay.segments > 1:
         agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if f64 else torch.float32, device=x.device)
-    args = dict(tensors, agg_ptr=agg, T=T, D=D, seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value,
+    args = dict(tensors, agg_ptr=agg, T=T, D=D, SX=2 * D if stacked else D, seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value,
                 HAS_H0=has_h0, F64=f64, TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps,
                 num_stages=lay.stages, **extra)
     if direction == "forward":
@@ -299,15 +310,15 @@ def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, **extra):
     run(**args, AGG_PASS=False)
 
 
-def _forward(mode, x, y, h0, out_a, out_h):
+def _forward(mode, x, y, h0, out_a, out_h, stacked=False):
     _launch(_forward_kernel, mode, "forward", x, 2, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0,
-                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None)
+                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None, stacked)
 
 
-def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0):
+def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, stacked=False):
     tensors = dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, g_ptr=g, ga_ptr=ga, out_h_ptr=out_h,
                    out_a_ptr=out_a, dx_ptr=dx, dy_ptr=dy, dh0_ptr=dh0)
-    _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None)
+    _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None, stacked)
 
 
 # ---- linear_scan -------------------------------------------------------------------------
@@ -394,6 +405,34 @@ def _gated_recurrence_bwd(k: torch.Tensor, cand: torch.Tensor, h0: torch.Tensor,
 _gated_recurrence = scan_op("gated_recurrence", _gated_recurrence_fwd, _gated_recurrence_bwd, saved=(0, 1, 2))
 
 
+# ---- gated_recurrence_stacked: k | cand as one (B, T, 2D) projection output -----------------
+
+def _halves(kc):
+    """The k and cand halves of a (B, T, 2D) tensor, as pointers the kernels offset by rows of 2D."""
+    D = kc.shape[-1] // 2
+    return kc[..., :D], kc[..., D:]
+
+
+def _gated_recurrence_stacked_fwd(kc: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    kc, h0 = kc.contiguous(), h0.contiguous()
+    B, T, D = h0.shape[0], kc.shape[1], h0.shape[1]
+    h = kc.new_empty(B, T, D)
+    _forward(GATE, kc, _halves(kc)[1], h0, h, h, stacked=True)
+    return h
+
+
+def _gated_recurrence_stacked_bwd(kc: torch.Tensor, h0: torch.Tensor, h: torch.Tensor,
+                                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    kc, h0, g = kc.contiguous(), h0.contiguous(), g.contiguous()
+    dkc, dh0 = torch.empty_like(kc), torch.empty_like(h0)
+    _backward(GATE, kc, _halves(kc)[1], h0, g, g, h, h, dkc, _halves(dkc)[1], dh0, stacked=True)
+    return dkc, dh0
+
+
+_gated_recurrence_stacked = scan_op("gated_recurrence_stacked", _gated_recurrence_stacked_fwd,
+                                    _gated_recurrence_stacked_bwd, saved=(0, 1))
+
+
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
 def linear_scan(a, b):
@@ -414,3 +453,8 @@ def parallel_scan_log(log_coeffs, log_values):
 def gated_recurrence(k, cand, h0):
     check_envelope(k, batch=k.shape[0])
     return _gated_recurrence(k, cand, h0)
+
+
+def gated_recurrence_stacked(kc, h0):
+    check_envelope(kc, batch=kc.shape[0])
+    return _gated_recurrence_stacked(kc, h0)
