@@ -24,18 +24,19 @@ NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "results"
 
 # harness -> (chapter that shows it, time budget in seconds on an H200 from a cold cache)
-# (in the order they run: the comparisons the chapters' headlines rest on first)
+# (in the order they run: the comparisons the chapters' headlines rest on first, the parity sweep
+# last: it is the longest, and the one whose budget a --deadline can shorten without skipping a table)
 # A budget caps a harness's sweep: past it the sweep stops, and its result file and this run's
 # summary say how many cases it left out. Each is set above what the sweep takes on an H200 once
 # the pool has compiled its kernels (results/reproduce.json records what each step took).
 HARNESSES = {
-    "seed": ("04", 60), "speed": ("04", 30), "layer": ("04", 50), "parity": ("06", 70),
-    "memory": ("05", 35), "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15),
-    "layout": ("02", 10), "scaling": ("08", 15), "layer_cpu": ("04", 20),
+    "seed": ("04", 60), "speed": ("04", 30), "layer": ("04", 50), "memory": ("05", 35),
+    "peers": ("04", 25), "roofline": ("04", 25), "precision": ("03", 15), "layout": ("02", 10),
+    "scaling": ("08", 15), "layer_cpu": ("04", 20), "parity": ("06", 70),
 }
 ISOLATED = ("peers",)  # harnesses that run other projects' kernels, each in a child process (run_harness)
 COMPILE_BUDGET_S = 150  # the run-wide compile pool from a cold cache (GPU runs only; not enforced: no step is cut)
-NOTEBOOK_RESERVE_S = 100  # with --deadline: the time kept for the notebooks
+NOTEBOOK_RESERVE_S = 75  # with --deadline: the time kept for the notebooks (side by side: the slowest chapter sets it)
 NOTEBOOK_BUDGET_S = 10  # papermill: kernel start, imports, rendering from results/
 NOTEBOOK_WORKERS = 8  # chapters executed at once
 # A Jupyter kernel can die while it starts, before any cell runs (seen with 8 chapters starting at
