@@ -91,8 +91,10 @@ def has_gpu():
 
 
 def triton_cache_state():
-    """'cold' when Triton's on-disk kernel cache is absent or empty at the start, else 'warm'."""
-    folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    """'cold' when Triton's on-disk kernel cache is absent or empty at the start, else 'warm'. The
+    folder is pinned for the whole run (see warm.pin_triton_cache)."""
+    from mingru.bench import warm
+    folder = Path(warm.pin_triton_cache())
     return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
 
 

@@ -1,5 +1,6 @@
 """`python -m mingru.reproduce`: argument handling, the notebooks' shared contract, and the CPU smoke path."""
 import json
+import os
 
 import pytest
 
@@ -167,3 +168,19 @@ def test_a_kernel_that_keeps_dying_fails_after_the_last_try(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="papermill exited with 1"):
         reproduce.run_notebook("01", False, tmp_path / "out", "python3", tmp_path)
     assert len(calls) == reproduce.KERNEL_START_TRIES and chapter.read_text() == before
+
+
+def test_the_triton_cache_folder_is_pinned_for_the_run(monkeypatch, tmp_path):
+    """inductor points an unset TRITON_CACHE_DIR at its own folder when it first compiles, which would
+    hide the compile pool's kernels from the main process: a run pins the folder first, keeping a
+    folder the user chose."""
+    from mingru.bench import warm
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    default = str(tmp_path / ".triton" / "cache")
+    assert warm.pin_triton_cache() == default and os.environ["TRITON_CACHE_DIR"] == default
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert warm.pin_triton_cache() == str(tmp_path / "mine")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    reproduce.triton_cache_state()
+    assert os.environ["TRITON_CACHE_DIR"] == default

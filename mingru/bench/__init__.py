@@ -172,10 +172,10 @@ def main(argv=None):
     why = refusal(names, args.quick, default_out(args.quick, has_gpu) if args.out is None else args.out, has_gpu)
     if why:
         parser.error(why)
+    from mingru.bench import warm
+    warm.pin_triton_cache()  # before any harness compiles: the pool and this process share it
     if args.workers is not None:
         import os
-
-        from mingru.bench import warm
         os.environ[warm.WORKERS_ENV] = str(args.workers)
     for path in run(args.what, args.quick, args.out, args.only, dict(args.budget)):
         print(path)

@@ -25,6 +25,19 @@ LONGEST = {}  # target -> its longest single call in that pool (what bounds the 
 FAILED = {}  # target -> (calls that raised in that pool, the first one's error): those cases compile in the sweep
 
 
+def pin_triton_cache():
+    """Set TRITON_CACHE_DIR to Triton's default folder unless it is set, and return the folder.
+
+    The pool's workers and the main process must share one cache. torch.compile (inductor) sets
+    TRITON_CACHE_DIR to a folder of its own the first time it compiles in a process where it is
+    unset; from then on the main process looks for kernels where the pool did not put them and
+    compiles every variant again in its sweep. A run pins the folder before anything compiles."""
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
+    os.environ["TRITON_CACHE_DIR"] = folder
+    return folder
+
+
 def default_workers(device):
     """One per CPU core (at most 16) on a GPU machine: compiling is single-threaded CPU work;
     0 (no pool) on a CPU or when MINGRU_BENCH_WORKERS says so."""
