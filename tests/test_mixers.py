@@ -9,6 +9,7 @@ D_IN, H = 6, 16
 MIXERS = {
     "MinGRU": lambda: mingru.MinGRU(D_IN, H),
     "MinGRU-h0-learnable-decay": lambda: mingru.MinGRU(D_IN, H, learnable_h0=True, decay="learnable"),
+    "MinGRU-no-bias": lambda: mingru.MinGRU(D_IN, H, bias=False),  # the stacked projection without biases
     "SignedMinGRU-fixed-decay": lambda: mingru.SignedMinGRU(D_IN, H, decay="fixed", log1p_delta=True),
     "SignedMinGRU-coupled": lambda: mingru.SignedMinGRU(D_IN, H, coupled=True, learnable_h0=True),
     "RotationMinGRU": lambda: mingru.RotationMinGRU(D_IN, H, snap=None),
