@@ -100,9 +100,9 @@ class MinGRU(_Mixer):
         if given:
             _check_nonnegative(h_0)
         dt = self._dt(delta_t, x)
-        if dt is None and _stacks(x):  # one matmul; the kernel computes the gates as it reads k | cand
-            kc = _stacked(x, self.linear_z, self.linear_h)
-            return ops.gated_recurrence_stacked(kc, h_0[:, 0].to(kc.dtype))
+        if dt is None and _stacks(x):  # one matmul; the kernel adds the biases and computes the gates
+            kc, bias = _stacked(x, self.linear_z, self.linear_h)
+            return ops.gated_recurrence_stacked(kc, h_0[:, 0].to(kc.dtype), bias)
         k, cand = self._project(x, self.linear_z, self.linear_h)
         h_0 = h_0[:, 0].to(k.dtype)
         if dt is None:
@@ -130,11 +130,14 @@ def _stacks(x):
 
 
 def _stacked(x, *linears):
-    """The outputs of `linears` on x side by side in the last dim, from one matmul over their
-    stacked weights (the parameters stay separate: the checkpoint layout is unchanged)."""
+    """(kc, bias): the outputs of `linears` on x side by side in the last dim, without their
+    biases, from one matmul over their stacked weights; and their biases stacked the same way (None
+    without). The scan adds the bias: its backward sums the bias's gradient as it goes, where the
+    matmul's would reduce the whole output gradient once more. The parameters stay separate, as the
+    checkpoint has them."""
+    kc = nn.functional.linear(x, torch.cat([lin.weight for lin in linears]))
     biases = [lin.bias for lin in linears]
-    bias = None if biases[0] is None else torch.cat(biases)
-    return nn.functional.linear(x, torch.cat([lin.weight for lin in linears]), bias)
+    return kc, None if biases[0] is None else torch.cat(biases).to(kc.dtype)  # autocast: kc's dtype
 
 
 def _check_nonnegative(h_0):

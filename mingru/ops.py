@@ -62,24 +62,29 @@ def gated_recurrence(k, cand, h0=None):
     return _run("gated_recurrence", scans.gated_recurrence, sizes, (cand,), k, cand, h0)
 
 
-def gated_recurrence_stacked(kc, h0=None):
+def gated_recurrence_stacked(kc, h0=None, bias=None):
     """gated_recurrence on one (B,T,2D) tensor holding k | cand side by side in its last dim (what
-    one matmul over the two projections' stacked weights writes), h0 (B,D) -> h (B,T,D).
+    one matmul over the two projections' stacked weights writes), plus bias (2D,) (the two
+    projections' biases, stacked the same way; none if None), h0 (B,D) -> h (B,T,D).
 
-    The kernel reads both halves in place and its backward writes their gradients into one
-    (B,T,2D) tensor, so a layer runs one matmul forward and one per gradient backward.
+    The kernel reads both halves in place, adding the bias as it loads them; its backward writes
+    their gradients into one (B,T,2D) tensor and sums the bias's gradient as it goes, so a layer
+    runs one matmul forward, one per gradient backward, and no separate bias reduction.
     """
-    sizes = _checked("gated_recurrence_stacked", [("kc", kc, ("B", "T", "2D")), ("h0", h0, ("B", "D"))])
+    sizes = _checked("gated_recurrence_stacked", [("kc", kc, ("B", "T", "2D")), ("h0", h0, ("B", "D")),
+                                                  ("bias", bias, ("2D",))])
     if sizes["2D"] % 2 or ("D" in sizes and 2 * sizes["D"] != sizes["2D"]):
         raise ValueError(f"gated_recurrence_stacked: kc must have shape (B, T, 2D) (k | cand) and h0 shape "
                          f"(B, D), got kc {tuple(kc.shape)} and h0 {None if h0 is None else tuple(h0.shape)}")
     if h0 is None:
         h0 = kc.new_zeros(kc.shape[0], kc.shape[2] // 2)
-    return _run("gated_recurrence_stacked", _gated_stacked_eager, sizes, (kc[..., :kc.shape[2] // 2],), kc, h0)
+    biased = () if bias is None else (bias,)
+    return _run("gated_recurrence_stacked", _gated_stacked_eager, sizes, (kc[..., :kc.shape[2] // 2],), kc, h0,
+                *biased)
 
 
-def _gated_stacked_eager(kc, h0):
-    k, cand = kc.chunk(2, dim=-1)
+def _gated_stacked_eager(kc, h0, bias=None):
+    k, cand = (kc if bias is None else kc + bias).chunk(2, dim=-1)
     return scans.gated_recurrence(k, cand, h0)
 
 

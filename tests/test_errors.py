@@ -30,6 +30,8 @@ CASES = [
     ("affine-rank", mingru.matrix_affine_scan, lambda: (r(2, 5, 3, 4, 4), r(2, 5, 3, 4)), ValueError, ["Bm", "(B, T, n, k, v)"]),
     ("stacked-odd", mingru.gated_recurrence_stacked, lambda: (r(2, 5, 7),), ValueError, ["kc", "(B, T, 2D)", "(2, 5, 7)"]),
     ("stacked-h0", mingru.gated_recurrence_stacked, lambda: (r(2, 5, 6), r(2, 4)), ValueError, ["h0", "(B, D)", "(2, 4)"]),
+    ("stacked-bias", mingru.gated_recurrence_stacked, lambda: (r(2, 5, 6), r(2, 3), r(5)), ValueError,
+     ["bias", "(2D)", "2D = 5"]),
     ("rotation-half", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 3), r(2, 5, 3), r(2, 5, 3, 4)), ValueError, ["angles", "k/2"]),
     ("rotation-decay", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 2), r(2, 5), r(2, 5, 3, 4)), ValueError, ["decay", "(B, T, n)"]),
 ]

@@ -37,7 +37,7 @@ def _op_args():
         "linear_recurrence": (p(2, 37, 24), r(2, 37, 24), r(2, 24)),
         "parallel_scan_log": (-p(2, 37, 24), r(2, 38, 24)),
         "gated_recurrence": (r(2, 37, 24), r(2, 37, 24), p(2, 24)),
-        "gated_recurrence_stacked": (r(2, 37, 48), p(2, 24)),
+        "gated_recurrence_stacked": (r(2, 37, 48), p(2, 24), r(48)),
         "matrix_scan": (r(2, 37, 3, 2, 2) * 0.5, r(2, 37, 3, 2)),
         "matrix_affine_scan": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2)),
         "matrix_recurrence": (r(2, 37, 3, 4, 4) * 0.4, r(2, 37, 3, 4, 2), r(2, 3, 4, 2)),

@@ -45,6 +45,17 @@ def _inputs(op, B, T, D, dtype, device, seed=0):
     return [x.to(device=device, dtype=dtype) for x in xs]
 
 
+def _case_inputs(name, B, T, D, dtype, device, seed=0):
+    """The inputs of OPS[name]: its op's, less h0 for "-no_h0", plus a (2D,) bias for "-bias"."""
+    xs = _inputs(name.split("-")[0], B, T, D, dtype, device, seed)
+    if name.endswith("no_h0"):
+        return xs[:2]
+    if name.endswith("bias"):
+        g = torch.Generator().manual_seed(seed + 100)
+        xs.append(torch.randn(2 * D, generator=g).to(device=device, dtype=dtype))
+    return xs
+
+
 OPS = {
     "linear_scan": (mingru.linear_scan, naive.linear_scan_naive),
     "linear_recurrence": (mingru.linear_recurrence, naive.linear_recurrence_naive),
@@ -54,6 +65,10 @@ OPS = {
     # k | cand stacked in one tensor, as MinGRU's single projection matmul writes them
     "gated_recurrence-stacked": (lambda k, cand, h0: mingru.gated_recurrence_stacked(torch.cat([k, cand], -1), h0),
                                  naive.gated_recurrence_naive),
+    # and with the two projections' biases, which the kernel adds as it loads k | cand
+    "gated_recurrence-stacked-bias": (
+        lambda k, cand, h0, bias: mingru.gated_recurrence_stacked(torch.cat([k, cand], -1), h0, bias),
+        lambda k, cand, h0, bias: naive.gated_recurrence_naive(k + bias[:k.shape[-1]], cand + bias[k.shape[-1]:], h0)),
 }
 
 
@@ -83,35 +98,31 @@ CASES = [(1, 0, 0), (7, 0, 0), (7, 2, 3), (37, 8, 0), (37, 8, 3), (64, 0, 0)]
 @pytest.mark.parametrize("name", list(OPS))
 def test_matches_float64_reference(name, T, tile, segments, dtype, device):
     B, D = 2, 5
-    inputs = _inputs(name.split("-")[0], B, T, D, dtype, device)
-    if name.endswith("no_h0"):
-        inputs = inputs[:2]
+    inputs = _case_inputs(name, B, T, D, dtype, device)
     _check(name, inputs, TOL[dtype], (tile, segments))
 
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_wide_d_and_noncontiguous_inputs(name, device):
     """D spanning two channel blocks, inputs given as transposed views."""
-    inputs = _inputs(name.split("-")[0], 1, 9, 70, torch.float32, device, seed=3)
+    inputs = _case_inputs(name, 1, 9, 70, torch.float32, device, seed=3)
     inputs = [x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 3 else x for x in inputs]
     assert not inputs[0].is_contiguous()
-    _check(name, inputs[:2] if name.endswith("no_h0") else inputs, TOL[torch.float32], (4, 2))
+    _check(name, inputs, TOL[torch.float32], (4, 2))
 
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_many_segments(name, device):
     """Thirteen segments: each folds the aggregates of every earlier (forward) or later (backward) one."""
-    inputs = _inputs(name.split("-")[0], 2, 52, 3, torch.float32, device, seed=11)
+    inputs = _case_inputs(name, 2, 52, 3, torch.float32, device, seed=11)
     with layout.forced_layout(tile=4, segments=13):
         assert layout.diagonal(2, 52, 3, inputs[0].device, "forward", "rec").segments == 13
-    _check(name, inputs[:2] if name.endswith("no_h0") else inputs, TOL[torch.float32], (4, 13))
+    _check(name, inputs, TOL[torch.float32], (4, 13))
 
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_float64_gradcheck(name, device):
-    inputs = [x.requires_grad_() for x in _inputs(name.split("-")[0], 2, 6, 3, torch.float64, device)]
-    if name.endswith("no_h0"):
-        inputs = inputs[:2]
+    inputs = [x.requires_grad_() for x in _case_inputs(name, 2, 6, 3, torch.float64, device)]
     with layout.forced_layout(tile=2, segments=2):
         assert torch.autograd.gradcheck(OPS[name][0], inputs, fast_mode=True)
 

@@ -87,9 +87,9 @@ def op_inputs(op, dims, dtype=torch.float32, device="cpu"):
     elif op == "gated_recurrence":  # MinGRU's pre-activations; its state is never negative
         D = dims["D"]
         xs = (randn(B, T, D), randn(B, T, D), torch.rand(B, D, device=device))
-    elif op == "gated_recurrence_stacked":  # k | cand as one projection writes them
+    elif op == "gated_recurrence_stacked":  # k | cand as one projection writes them, and its bias
         D = dims["D"]
-        xs = (randn(B, T, 2 * D), torch.rand(B, D, device=device))
+        xs = (randn(B, T, 2 * D), torch.rand(B, D, device=device), randn(2 * D))
     elif op in DIAGONAL:
         D = dims["D"]
         xs = (_signed(B, T, D, device=device), randn(B, T, D))

@@ -9,9 +9,12 @@ kernel and one backward kernel serve the four ops through the constexpr MODE:
   LOG   parallel_scan_log(lc, lv) -> h      h_t = e^{lc_t} h_{t-1} + e^{lv_t}, h_0 = e^{lv_0}
   GATE  gated_recurrence(k, c, h0) -> h     REC with a_t = 1 - z_t, b_t = z_t g(c_t), z = sigmoid(k),
                                             the gates computed from k and c as the tiles load
+                                            (stacked: k | c in one tensor, optionally plus a bias)
 
 The backward is the same monoid in reverse time: lam_t = g_t + a_{t+1} lam_{t+1}, read from the
-forward's inputs and outputs only (no division, so a_t = 0 is fine).
+forward's inputs and outputs only (no division, so a_t = 0 is fine). With a bias (GATE only) every
+program also sums its own gradient rows of k and c: one partial row per (batch row, segment), which
+the launcher adds up, so no (B, T, 2D) gradient is read again to reduce it.
 
 Layout (`layout.diagonal`): one program per (block of channels, batch row, time segment) walks its segment in
 tiles of TILE steps, scanning each tile with tl.associative_scan and carrying the state across
@@ -62,9 +65,10 @@ def _candidate(c):
 
 
 @triton.jit
-def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr):
+def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 F64: tl.constexpr):
     """A forward tile, padded with the identity: (a, b) = (1, 0), or (lc, lv) = (0, -inf); GATE
-    returns (1 - z, z g(c)) from the pre-activations (k = -inf pads: z = 0)."""
+    returns (1 - z, z g(c)) from the pre-activations k + bias_k, c + bias_c (k = -inf pads: z = 0)."""
     if MODE == LOG:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
         y = tl.load(y_ptr + offs, mask=mask, other=float("-inf"))
@@ -75,10 +79,24 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, MODE: tl.constexpr, F64: tl.constexpr
         x = tl.load(x_ptr + offs, mask=mask, other=1.0)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0)
     x, y = _acc(x, F64), _acc(y, F64)
+    if HAS_BIAS:
+        x, y = x + bias_k[None, :], y + bias_c[None, :]
     if MODE == GATE:
         z = tl.sigmoid(x)
         x, y = tl.sigmoid(-x), z * _candidate(y)[0]
     return x, y
+
+
+@triton.jit
+def _bias(bias_ptr, cols, cmask, D, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
+    """The biases of k and of c on these channels: bias_ptr holds (2D,) = k's | c's (zeros without)."""
+    if HAS_BIAS:
+        bias_k = _acc(tl.load(bias_ptr + cols, mask=cmask, other=0.0), F64)
+        bias_c = _acc(tl.load(bias_ptr + D + cols, mask=cmask, other=0.0), F64)
+    else:
+        bias_k = _acc(tl.zeros(cols.shape, tl.float32), F64)
+        bias_c = bias_k
+    return bias_k, bias_c
 
 
 @triton.jit
@@ -96,12 +114,13 @@ def _program(T, D, seg_len, segments, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, SX, seg_len, segments,
-                    MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
+def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, SX, seg_len, segments,
+                    MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
                     F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                     PREFETCH: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
     x_base = b * T * SX  # the inputs' rows hold SX elements (== D except for GATE's stacked k | cand)
+    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, F64)
     y_base = lv_base + D if MODE == LOG else x_base
 
     carry_a = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
@@ -135,15 +154,17 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, S
 
     if PREFETCH:  # registers hold the next tile while this one is scanned
         _, in_offs, mask = _tile_offsets(start, t_end, cols, cmask, D, SX, TILE)
-        x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, MODE, F64)
+        x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE,
+                                      HAS_BIAS, F64)
     for i in range(0, tl.cdiv(t_end - start, TILE)):
         offs, in_offs, mask = _tile_offsets(start + i * TILE, t_end, cols, cmask, D, SX, TILE)
         if PREFETCH:
             x, y = x_next, y_next
             _, in_offs_n, mask_n = _tile_offsets(start + (i + 1) * TILE, t_end, cols, cmask, D, SX, TILE)
-            x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs_n, mask_n, MODE, F64)
+            x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs_n, mask_n, bias_k, bias_c,
+                                          MODE, HAS_BIAS, F64)
         else:
-            x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, MODE, F64)
+            x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE, HAS_BIAS, F64)
         if MODE == LOG:
             if AGG_PASS:
                 lc_sum += x
@@ -168,10 +189,11 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, agg_ptr, T, D, S
 
 @triton.jit
 def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
-                 x_base, lv_base, offs, in_offs, mask, prev_mask, first, D, MODE: tl.constexpr,
+                 x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE: tl.constexpr,
                  HAS_H0: tl.constexpr, F64: tl.constexpr):
-    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A);
-    the gradients have the inputs' layout (x_base + in_offs), the outputs are read at base + offs."""
+    """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A),
+    and return it; the gradients have the inputs' layout (x_base + in_offs), the outputs are read at
+    base + offs."""
     dx_mask = mask
     if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
         a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
@@ -184,8 +206,9 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
             h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
             h_prev = tl.where(first, h0[None, :], h_prev)
         if MODE == GATE:  # h_t = (1 - z) h_{t-1} + z g(c): d/dk = z (1 - z) (g(c) - h_{t-1})
-            z = tl.sigmoid(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64))
-            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64))
+            z = tl.sigmoid(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64) + bias_k[None, :])
+            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64)
+                                   + bias_c[None, :])
             dx = lam_t * z * (1.0 - z) * (g_c - h_prev)
             dy = lam_t * z * dg_c
         else:
@@ -203,15 +226,16 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
         tl.store(dy_ptr + lv_base + D + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(dy_ptr + x_base + in_offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+    return dx, dy
 
 
 @triton.jit
-def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, D,
+def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
                   MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
     """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
     x0 = _acc(tl.load(x_ptr + x_base + cols, mask=cmask, other=0.0), F64)
     if MODE == GATE:
-        x0 = tl.sigmoid(-x0)
+        x0 = tl.sigmoid(-(x0 + bias_k))
     if MODE == LOG:
         # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
         # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
@@ -224,12 +248,15 @@ def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_
 
 
 @triton.jit
-def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
-                     dx_ptr, dy_ptr, dh0_ptr, agg_ptr, T, D, SX, seg_len, segments,
-                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr,
+def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
+                     dx_ptr, dy_ptr, dh0_ptr, dbias_ptr, agg_ptr, T, D, SX, seg_len, segments,
+                     MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
                      F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
     x_base = b * T * SX  # inputs and their gradients: rows of SX elements (see the forward)
+    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, F64)
+    dbias_k = _acc(tl.zeros([BLOCK], tl.float32), F64)  # this program's sums of the k and c gradients
+    dbias_c = dbias_k
 
     # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
     # product of the coefficients (needed only for a segment's aggregate).
@@ -259,7 +286,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
         if MODE == LOG:
             c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
         elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
-            c = tl.sigmoid(-_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64))
+            c = tl.sigmoid(-(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64) + bias_k[None, :]))
         else:
             c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
         c = tl.where(valid[:, None], c, 1.0)
@@ -274,51 +301,70 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
-            _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
-                         base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, D, MODE, HAS_H0, F64)
+            dx, dy = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols,
+                                  cmask, base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k,
+                                  bias_c, D, MODE, HAS_H0, F64)
+            if HAS_BIAS:
+                dbias_k += tl.sum(tl.where(mask, dx, 0.0), axis=0)
+                dbias_c += tl.sum(tl.where(mask, dy, 0.0), axis=0)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
         tl.store(agg_ptr + agg_stride + agg_off + seg * D, lam, mask=cmask)
         if MODE == SCAN:
             tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
-    elif MODE != SCAN:
-        if seg == 0:
-            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, D, MODE,
-                          HAS_H0, F64)
+    else:
+        if MODE != SCAN and seg == 0:
+            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
+                          MODE, HAS_H0, F64)
+        if HAS_BIAS:  # partials (B, segments, 2D)
+            row = dbias_ptr + (b * segments + seg) * 2 * D + cols
+            tl.store(row, dbias_k, mask=cmask)
+            tl.store(row + D, dbias_c, mask=cmask)
 
 
-def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, stacked=False, **extra):
+def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, stacked=False, bias=None):
     """Run `kernel` over the plan: the aggregate pass first when time is split. x (B, T, D), or with
-    `stacked` GATE's (B, T, 2D) rows of k | cand (the inputs' row stride is then 2D)."""
+    `stacked` GATE's (B, T, 2D) rows of k | cand (the inputs' row stride is then 2D) and its bias
+    (2D,) or None. Returns the backward's bias-gradient partials (B, segments, 2D) when it has a bias."""
     B, T, D = x.shape
     if stacked:
         D //= 2
     lay = layout.diagonal(B, T, D, x.device, direction, FORMS[mode.value])
-    f64 = x.dtype == torch.float64
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     agg = x
     if lay.segments > 1:
-        agg = torch.empty(n_agg, B, lay.segments, D, dtype=torch.float64 if f64 else torch.float32, device=x.device)
-    args = dict(tensors, agg_ptr=agg, T=T, D=D, SX=2 * D if stacked else D, seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value,
-                HAS_H0=has_h0, F64=f64, TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps,
-                num_stages=lay.stages, **extra)
+        agg = torch.empty(n_agg, B, lay.segments, D, dtype=acc, device=x.device)
+    args = dict(tensors, bias_ptr=x if bias is None else bias, agg_ptr=agg, T=T, D=D, SX=2 * D if stacked else D,
+                seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value, HAS_H0=has_h0,
+                HAS_BIAS=bias is not None, F64=acc == torch.float64, TILE=lay.tile, BLOCK=lay.block,
+                num_warps=lay.warps, num_stages=lay.stages)
+    partials = None
     if direction == "forward":
         args["PREFETCH"] = lay.prefetch
+    else:
+        partials = None if bias is None else torch.empty(B, lay.segments, 2 * D, dtype=acc, device=x.device)
+        args["dbias_ptr"] = x if partials is None else partials
     run = wrap_triton(kernel)[(cdiv(D, lay.block), B, lay.segments)]  # not cached: depends on the caller's mode
     if lay.segments > 1:
         run(**args, AGG_PASS=True)
     run(**args, AGG_PASS=False)
+    return partials
 
 
-def _forward(mode, x, y, h0, out_a, out_h, stacked=False):
+def _forward(mode, x, y, h0, out_a, out_h, stacked=False, bias=None):
     _launch(_forward_kernel, mode, "forward", x, 2, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0,
-                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None, stacked)
+                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None,
+            stacked, bias)
 
 
-def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, stacked=False):
+def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, stacked=False, bias=None):
+    """Fill the input gradients dx, dy, dh0; returns the bias's gradient (summed partials) if `bias`."""
     tensors = dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, g_ptr=g, ga_ptr=ga, out_h_ptr=out_h,
                    out_a_ptr=out_a, dx_ptr=dx, dy_ptr=dy, dh0_ptr=dh0)
-    _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None, stacked)
+    partials = _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None,
+                       stacked, bias)
+    return None if partials is None else partials.sum((0, 1)).to(bias.dtype)
 
 
 # ---- linear_scan -------------------------------------------------------------------------
@@ -407,30 +453,30 @@ _gated_recurrence = scan_op("gated_recurrence", _gated_recurrence_fwd, _gated_re
 
 # ---- gated_recurrence_stacked: k | cand as one (B, T, 2D) projection output -----------------
 
-def _halves(kc):
-    """The k and cand halves of a (B, T, 2D) tensor, as pointers the kernels offset by rows of 2D."""
-    D = kc.shape[-1] // 2
-    return kc[..., :D], kc[..., D:]
+def _cand(kc):
+    """The cand half of a (B, T, 2D) tensor: a pointer the kernels offset by rows of 2D."""
+    return kc[..., kc.shape[-1] // 2:]
 
 
-def _gated_recurrence_stacked_fwd(kc: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+def _gated_recurrence_stacked_fwd(kc: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     kc, h0 = kc.contiguous(), h0.contiguous()
     B, T, D = h0.shape[0], kc.shape[1], h0.shape[1]
     h = kc.new_empty(B, T, D)
-    _forward(GATE, kc, _halves(kc)[1], h0, h, h, stacked=True)
+    _forward(GATE, kc, _cand(kc), h0, h, h, stacked=True, bias=None if bias is None else bias.contiguous())
     return h
 
 
-def _gated_recurrence_stacked_bwd(kc: torch.Tensor, h0: torch.Tensor, h: torch.Tensor,
-                                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _gated_recurrence_stacked_bwd(kc: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor], h: torch.Tensor,
+                                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kc, h0, g = kc.contiguous(), h0.contiguous(), g.contiguous()
     dkc, dh0 = torch.empty_like(kc), torch.empty_like(h0)
-    _backward(GATE, kc, _halves(kc)[1], h0, g, g, h, h, dkc, _halves(dkc)[1], dh0, stacked=True)
-    return dkc, dh0
+    dbias = _backward(GATE, kc, _cand(kc), h0, g, g, h, h, dkc, _cand(dkc), dh0, stacked=True,
+                      bias=None if bias is None else bias.contiguous())
+    return dkc, dh0, kc.new_empty(0) if dbias is None else dbias
 
 
 _gated_recurrence_stacked = scan_op("gated_recurrence_stacked", _gated_recurrence_stacked_fwd,
-                                    _gated_recurrence_stacked_bwd, saved=(0, 1))
+                                    _gated_recurrence_stacked_bwd, saved=(0, 1, 2), optional=(2,))
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
@@ -455,6 +501,6 @@ def gated_recurrence(k, cand, h0):
     return _gated_recurrence(k, cand, h0)
 
 
-def gated_recurrence_stacked(kc, h0):
+def gated_recurrence_stacked(kc, h0, bias=None):
     check_envelope(kc, batch=kc.shape[0])
-    return _gated_recurrence_stacked(kc, h0)
+    return _gated_recurrence_stacked(kc, h0, bias)
