@@ -47,7 +47,10 @@ _warned = False
 
 
 def scan_mode():
-    mode = os.environ.get("MINGRU_SCAN", "auto").strip().lower() or "auto"
+    mode = os.environ.get("MINGRU_SCAN", "auto")
+    if mode in MODES:  # the usual spelling: nothing to normalize
+        return mode
+    mode = mode.strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"MINGRU_SCAN={mode!r}: expected one of {', '.join(MODES)}")
     return mode

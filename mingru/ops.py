@@ -6,12 +6,7 @@ An empty sequence (T == 0) has no states: each op returns empty outputs of its d
 """
 from mingru import scans
 from mingru.dispatch import dispatch
-from mingru.validate import check_shapes, check_tensors
-
-
-def _checked(op, specs):
-    check_tensors(op, **{name: x for name, x, _ in specs})
-    return check_shapes(op, specs)
+from mingru.validate import checked as _checked
 
 
 def _run(name, eager, sizes, empty, *args):

@@ -44,6 +44,45 @@ def check_input_dtype(owner, x, module):
                     f"{param.dtype} or convert the module with .to({x.dtype})")
 
 
+_passed = {}  # argument signatures `checked` has accepted -> their named sizes
+_PASSED_MAX = 4096
+
+
+def checked(op, specs):
+    """check_tensors and check_shapes of one op's arguments (specs as check_shapes, with a fixed
+    list of expected shapes per op name); returns the named sizes, which callers must not modify.
+
+    An accepted signature (each argument's shape, dtype and device, or None) is remembered, so a
+    repeated call costs one lookup; anything else runs the full checks, which raise as they do
+    alone. Under torch.compile the checks always run (the compiler traces them once anyway)."""
+    if torch.compiler.is_compiling():
+        return _check_all(op, specs)
+    key = [op]
+    for _, x, _ in specs:
+        if x is None:
+            key.append(None)
+        elif isinstance(x, torch.Tensor):
+            key += (x.shape, x.dtype, x.device)
+        else:
+            return _check_all(op, specs)  # raises
+    key = tuple(key)
+    try:
+        sizes = _passed.get(key)
+    except TypeError:  # symbolic sizes (a tracer's dynamic shapes) do not hash
+        return _check_all(op, specs)
+    if sizes is None:
+        sizes = _check_all(op, specs)
+        if len(_passed) >= _PASSED_MAX:
+            _passed.clear()
+        _passed[key] = sizes
+    return sizes
+
+
+def _check_all(op, specs):
+    check_tensors(op, **{name: x for name, x, _ in specs})
+    return check_shapes(op, specs)
+
+
 def check_shapes(op, specs):
     """specs: [(name, tensor, expected)]; named sizes must agree across all tensors."""
     sizes = {}

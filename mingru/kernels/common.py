@@ -1,14 +1,19 @@
 """What every kernel module shares on the Python side: the envelope check, the TF32 switch, op
 registration with its autograd glue, and integer helpers."""
 import contextlib
+import functools
 
 import torch
-from torch.library import triton_op
+from torch.library import triton_op, wrap_triton
 
 try:  # the switch triton_op's own eager implementation uses; private, so tolerate its absence
+    from torch._library.triton import is_wrap_triton_enabled
     from torch._library.triton import set_wrap_triton_enabled as _wrap_triton_enabled
+    from torch._library.triton import wrap_triton_enabled as _wrap_state
 except ImportError:  # pragma: no cover - older torch: launches go through the (slower) wrapper
     _wrap_triton_enabled = lambda enabled: contextlib.nullcontext()  # noqa: E731
+    is_wrap_triton_enabled = lambda: True  # noqa: E731
+    _wrap_state = None
 
 from mingru.dispatch import ScanFallback, interpreting
 from mingru.validate import FLOATS
@@ -48,6 +53,30 @@ def check_envelope(x, span=0, batch=0, sizes=()):
     for name, size, allowed in sizes:
         if size not in allowed:
             raise ScanFallback(f"{name} = {size}: the kernels are compiled for {name} in {tuple(allowed)}")
+
+
+def launch(kernel, grid, args, **tensors):
+    """kernel[grid](**tensors, **args): through wrap_triton while it is on (tracers see the launch),
+    straight to the kernel's launcher when it is off (the eager calls of `scan_op`)."""
+    if is_wrap_triton_enabled():
+        return wrap_triton(kernel)[grid](**tensors, **args)
+    return kernel.run(grid=grid, warmup=False, **tensors, **args)
+
+
+def planned(plan):
+    """`plan` memoized on its arguments: a launch plan is a pure function of sizes, strides, dtype,
+    device and the global switches (pass every one it reads), so each call signature is planned
+    once. Symbolic sizes (torch.compile with dynamic shapes) do not hash: those are planned on
+    every call."""
+    memo = functools.lru_cache(maxsize=4096)(plan)
+
+    @functools.wraps(plan)
+    def get(*key):
+        try:
+            return memo(*key)
+        except TypeError:
+            return plan(*key)
+    return get
 
 
 # Plain Python on purpose: triton.cdiv and triton.next_power_of_2 are JIT-aware functions, slow
@@ -102,14 +131,12 @@ def scan_op(name, forward, backward, saved, optional=()):
     torch.library.register_autograd(f"mingru::{name}", lambda ctx, *g: grad(ctx, registered_backward, *g),
                                     setup_context=setup_context)
     def direct_forward(ctx, *inputs):  # the ctx-first form: apply() then skips binding by signature
-        with _wrap_triton_enabled(False):
-            output = forward(*inputs)
+        output = _unwrapped(forward, *inputs)
         setup_context(ctx, inputs, output)
         return output
 
     def direct_backward(ctx, *g):
-        with _wrap_triton_enabled(False):
-            return grad(ctx, backward, *g)
+        return _unwrapped(grad, ctx, backward, *g)
 
     direct = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(direct_forward), "backward": staticmethod(direct_backward)})
@@ -121,6 +148,18 @@ def scan_op(name, forward, backward, saved, optional=()):
             return registered(*inputs)
         if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
             return direct.apply(*inputs)
-        with _wrap_triton_enabled(False):  # inference: no graph to record, so no autograd.Function
-            return forward(*inputs)
+        return _unwrapped(forward, *inputs)  # inference: no graph to record, so no autograd.Function
     return call
+
+
+def _unwrapped(fn, *args):
+    """fn(*args) with wrap_triton off, as `_wrap_triton_enabled(False)` would run it, without the
+    cost of entering a context manager on every call."""
+    if _wrap_state is None:  # pragma: no cover - older torch
+        return fn(*args)
+    prev = is_wrap_triton_enabled()
+    _wrap_state.value = False
+    try:
+        return fn(*args)
+    finally:
+        _wrap_state.value = prev

@@ -26,10 +26,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from mingru.kernels import layout
-from mingru.kernels.common import cdiv, check_envelope, scan_op
+from mingru.kernels.common import cdiv, check_envelope, launch, scan_op
 from mingru.kernels.core import carry_scan, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
@@ -345,10 +344,10 @@ def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, stacked=False, b
     else:
         partials = None if bias is None else torch.empty(B, lay.segments, 2 * D, dtype=acc, device=x.device)
         args["dbias_ptr"] = x if partials is None else partials
-    run = wrap_triton(kernel)[(cdiv(D, lay.block), B, lay.segments)]  # not cached: depends on the caller's mode
+    grid = (cdiv(D, lay.block), B, lay.segments)
     if lay.segments > 1:
-        run(**args, AGG_PASS=True)
-    run(**args, AGG_PASS=False)
+        launch(kernel, grid, args, AGG_PASS=True)
+    launch(kernel, grid, args, AGG_PASS=False)
     return partials
 
 

@@ -15,15 +15,14 @@ the aggregates of the segments before its own (a short sequence with the same re
 same code) to get its carry, then re-walks its segment from there. The backward is split the same
 way, the later segments first.
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from mingru.kernels import layout, wide
-from mingru.kernels.common import cdiv, check_envelope, dot_precision, scan_op
+from mingru.kernels.common import cdiv, check_envelope, dot_precision, launch, planned, scan_op
 from mingru.validate import BLOCK_SIZES
 
 # PMODE, how the k x k block of the forward walk behaves:
@@ -353,124 +352,189 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
 
 
 # ---- launches ----------------------------------------------------------------------------
+#
+# A launch passes its tensors plus a plan's arguments (grid, strides, sizes, switches). The plan
+# depends only on the tensors' sizes and strides, the dtype, the device and the global switches,
+# so `planned` makes it once per call signature and a call only allocates and launches.
 
-def _dense(x):
-    """x itself if its (R, C) blocks are dense and every outer stride is a multiple of R*C (what
-    the kernels' block loads assume; broadcasts with stride 0 qualify), else a contiguous copy."""
-    *outer, rows, cols = x.shape
-    *outer_strides, row_stride, col_stride = x.stride()
-    inner = (col_stride == 1 or cols == 1) and (row_stride == cols or rows == 1)
-    if inner and all(s % (rows * cols) == 0 or d == 1 for s, d in zip(outer_strides, outer)):
+def _dense(x, outer=3):
+    """x itself if its dims after the first `outer` form a dense row-major block and every outer
+    stride is a multiple of the block's size or belongs to a dim of size 1 (what the kernels'
+    block loads assume; broadcasts with stride 0 qualify), else a contiguous copy. The block is
+    (R, C), or (R,) for a (B, T, n, R) tensor read as (B, T, n, R, 1)."""
+    if x.is_contiguous():  # contiguous tensors obey the rule: one cheap test for the common case
+        return x
+    shape, strides = x.shape, x.stride()
+    size = 1
+    for d in range(x.dim() - 1, outer - 1, -1):
+        if shape[d] != 1 and strides[d] != size:
+            return x.contiguous()
+        size *= shape[d]
+    if all(s % size == 0 or d == 1 for s, d in zip(strides[:outer], shape[:outer])):
         return x
     return x.contiguous()
 
 
-def _seq(name, x, stand_in):
-    """Kernel arguments of a (B, T, n, R, C) tensor: pointer `name` and its b, t, n strides; zero
-    strides on `stand_in` when x is None (the kernel does not read it)."""
-    p = name.lower()
-    sb, st, sn = x.stride()[:3] if x is not None else (0, 0, 0)
-    return {name: stand_in if x is None else x, f"{p}_sb": sb, f"{p}_st": st, f"{p}_sn": sn}
+def _seq(p, strides):
+    """The b, t, n stride arguments of the (B, T, n, R, C) tensor passed as `p`; zeros when it is
+    absent (None: the kernel does not read it)."""
+    sb, st, sn = strides[:3] if strides is not None else (0, 0, 0)
+    return {f"{p}_sb": sb, f"{p}_st": st, f"{p}_sn": sn}
 
 
-def _per_lane(name, x, stand_in):
-    """Kernel arguments of a (B, n, R, C) tensor (h0, dh0), as `_seq`."""
-    p = name.lower()
-    return {name: stand_in if x is None else x, f"{p}_sb": 0 if x is None else x.stride(0),
-            f"{p}_sn": 0 if x is None else x.stride(1)}
+def _per_lane(p, strides):
+    """The b, n stride arguments of a (B, n, R, C) tensor (h0, dh0), as `_seq`."""
+    sb, sn = strides[:2] if strides is not None else (0, 0)
+    return {f"{p}_sb": sb, f"{p}_sn": sn}
 
 
-def _rows(n_rows, B, n, R, C, like):
-    """Segment aggregates or carries, (B, n_rows, n, R, C), row-major so each row is contiguous."""
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    return torch.empty(n_rows, B, n, R, C, dtype=dtype, device=like.device).transpose(0, 1)
+def _rows(segments, B, n, R, C):
+    """(size, strides) of a buffer of segment aggregates or carries: (B, segments, n, R, C), each
+    segment's row contiguous."""
+    return (B, segments, n, R, C), (n * R * C, B * n * R * C, R * C, C, 1)
 
 
-def _launch(kernel, like, width, v, **args):
-    """The segment count, and a launcher with the grid and the arguments every pass of a walk over
-    `like` (B, T, n, k, k) shares."""
-    B, T, n, k, _ = like.shape
-    lay = layout.matrix(B * n, T, k, width, like.device)
-    f64 = like.dtype == torch.float64
+class _Plan(NamedTuple):
+    grid: tuple
+    acc: torch.dtype  # of the aggregate buffers
+    rows: tuple       # (size, strides) or None (absent) of each aggregate buffer; () without a time split
+    first: dict       # the aggregate pass's arguments besides the tensors; None without a time split
+    last: dict        # the main pass's
+
+
+def _walk(shape, v, width, dtype, device, prec):
+    """The grid, the segment count and the arguments every pass of a walk over A (B, T, n, k, k) with
+    a k x `width` state shares."""
+    B, T, n, k, _ = shape
+    lay = layout.matrix(B * n, T, k, width, device)
+    f64 = dtype == torch.float64
     dot = k >= 16 and not f64
-    run = kernel[(cdiv(B * n, lay.block), lay.segments)]
     shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
-                  STAGES=lay.stages, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16,
-                  PREC=dot_precision() if dot else "ieee", num_warps=lay.warps)
-    return lay.segments, lambda **more: run(**shared, **args, **more)
+                  STAGES=lay.stages, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16, PREC=prec if dot else "ieee",
+                  num_warps=lay.warps)
+    return (cdiv(B * n, lay.block), lay.segments), lay.segments, shared
 
 
-def _forward(A, X, h0, H, P):
-    """Fill H (and P, the prefix products, if given) with the walk from h0 (zeros if None)."""
-    B, _, n, k, _ = A.shape
-    v = X.shape[-1]
+def _acc(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@planned
+def _forward_plan(shape, v, a, x, h0, h, p, dtype, device, forced, prec):
+    """The plan of `_forward` for A of `shape`; a, x, h0, h, p: the strides of A, X, h0, H, P (None:
+    absent). forced is layout's forced layout, which layout.matrix reads: it keys the memo."""
+    B, T, n, k, _ = shape
     # width + k: the time split's first pass carries the product
-    segments, run = _launch(wrap_triton(_forward_kernel), A, v + k, v, **_seq("A", A, A), **_seq("XH", X, A))
-    agg = (None, None)
+    grid, segments, shared = _walk(shape, v, v + k, dtype, device, prec)
+    base = dict(shared, **_seq("a", a), **_seq("xh", x))
+    rows, first, agg = (), None, (None, None)
     if segments > 1:  # first pass: every segment's product and offset
-        agg = (_rows(segments, B, n, k, k, A), _rows(segments, B, n, k, v, A))
-        run(**_per_lane("H0", None, A), **_seq("GP", None, A), **_seq("GH", None, A), **_seq("OP", agg[0], A),
-            **_seq("OH", agg[1], A), PMODE=PROD.value, HAS_H0=False, AGG_PASS=True, SPLIT=False)
-    run(**_per_lane("H0", h0, A), **_seq("GP", agg[0], A), **_seq("GH", agg[1], A), **_seq("OP", P, A),
-        **_seq("OH", H, A), PMODE=(PROD if P is not None else NO_P).value, HAS_H0=h0 is not None, AGG_PASS=False,
-        SPLIT=segments > 1)
+        rows = (_rows(segments, B, n, k, k), _rows(segments, B, n, k, v))
+        agg = tuple(stride for _, stride in rows)
+        first = dict(base, **_per_lane("h0", None), **_seq("gp", None), **_seq("gh", None), **_seq("op", agg[0]),
+                     **_seq("oh", agg[1]), PMODE=PROD.value, HAS_H0=False, AGG_PASS=True, SPLIT=False)
+    last = dict(base, **_per_lane("h0", h0), **_seq("gp", agg[0]), **_seq("gh", agg[1]), **_seq("op", p),
+                **_seq("oh", h), PMODE=(PROD if p is not None else NO_P).value, HAS_H0=h0 is not None,
+                AGG_PASS=False, SPLIT=segments > 1)
+    return _Plan(grid, _acc(dtype), rows, first, last)
 
 
-def _backward(A, P, H, h0, gP, gH, dA, dX, dh0):
-    """Fill dA, dX (and dh0) from the cotangents gH (and gP of the prefix products, if P is given)."""
-    B, _, n, k, _ = A.shape
-    v = H.shape[-1]
-    has_p = P is not None
-    segments, run = _launch(wrap_triton(_backward_kernel), A, v + k + (k if has_p else 0), v, **_seq("A", A, A),
-                            **_seq("GP", gP, A), **_seq("GH", gH, A), HAS_P=has_p)
-    agg = (None, None, None)
+@planned
+def _backward_plan(shape, v, a, gp, gh, sp, sh, h0, da, dx, dh0, dtype, device, forced, prec):
+    """The plan of `_backward`, as `_forward_plan`: the strides of each of its tensors (None: absent)."""
+    B, T, n, k, _ = shape
+    has_p = sp is not None
+    grid, segments, shared = _walk(shape, v, v + k + (k if has_p else 0), dtype, device, prec)
+    base = dict(shared, **_seq("a", a), **_seq("gp", gp), **_seq("gh", gh), HAS_P=has_p, segments=segments)
+    rows, first, agg = (), None, (None, None, None)
     if segments > 1:  # first pass: every segment's map lam_end -> lam_start, later segments first
-        agg = (_rows(segments, B, n, k, k, A), _rows(segments, B, n, k, k, A) if has_p else None,
-               _rows(segments, B, n, k, v, A))
-        run(**_seq("SP", None, A), **_seq("SH", None, A), **_per_lane("H0", None, A), **_seq("DA", None, A),
-            **_seq("DX", None, A), **_per_lane("DH0", None, A), **_seq("OM", agg[0], A), **_seq("OP", agg[1], A),
-            **_seq("OH", agg[2], A), segments=segments, HAS_H0=False, SPLIT=False, GRADS=False)
-    run(**_seq("SP", P, A), **_seq("SH", H, A), **_per_lane("H0", h0, A), **_seq("DA", dA, A), **_seq("DX", dX, A),
-        **_per_lane("DH0", dh0, A), **_seq("OM", agg[0], A), **_seq("OP", agg[1], A), **_seq("OH", agg[2], A),
-        segments=segments, HAS_H0=h0 is not None, SPLIT=segments > 1, GRADS=True)
+        rows = (_rows(segments, B, n, k, k), _rows(segments, B, n, k, k) if has_p else None,
+                _rows(segments, B, n, k, v))
+        agg = tuple(None if r is None else r[1] for r in rows)
+        first = dict(base, **_seq("sp", None), **_seq("sh", None), **_per_lane("h0", None), **_seq("da", None),
+                     **_seq("dx", None), **_per_lane("dh0", None), **_seq("om", agg[0]), **_seq("op", agg[1]),
+                     **_seq("oh", agg[2]), HAS_H0=False, SPLIT=False, GRADS=False)
+    last = dict(base, **_seq("sp", sp), **_seq("sh", sh), **_per_lane("h0", h0), **_seq("da", da),
+                **_seq("dx", dx), **_per_lane("dh0", dh0), **_seq("om", agg[0]), **_seq("op", agg[1]),
+                **_seq("oh", agg[2]), HAS_H0=h0 is not None, SPLIT=segments > 1, GRADS=True)
+    return _Plan(grid, _acc(dtype), rows, first, last)
 
 
-# ---- matrix_affine_scan, and matrix_scan: its k=2, v=1 instance with b (B,T,n,2) as (B,T,n,2,1) ----
+def _strides(x):
+    return None if x is None else x.stride()
 
-def _scan_forward(A, Bm, Bbar):
+
+def _buffers(plan, like, count):
+    """The plan's `count` aggregate buffers; `like` stands in for an absent one (for all without a
+    time split)."""
+    if not plan.rows:
+        return (like,) * count
+    return tuple(like if r is None else torch.empty_strided(*r, dtype=plan.acc, device=like.device)
+                 for r in plan.rows)
+
+
+def _forward(A, X, h0, H, P, v):
+    """Fill H (and P, the prefix products, if given) with the walk from h0 (zeros if None). X and H
+    are (B, T, n, k, v), or (B, T, n, k) when v = 1; absent tensors are passed as A, unread."""
+    plan = _forward_plan(A.shape, v, A.stride(), X.stride(), _strides(h0), H.stride(), _strides(P), A.dtype,
+                         A.device, layout._forced, dot_precision())
+    gp, gh = _buffers(plan, A, 2)
+    if plan.first is not None:
+        launch(_forward_kernel, plan.grid, plan.first, A=A, XH=X, H0=A, GP=A, GH=A, OP=gp, OH=gh)
+    launch(_forward_kernel, plan.grid, plan.last, A=A, XH=X, H0=A if h0 is None else h0, GP=gp, GH=gh,
+           OP=A if P is None else P, OH=H)
+
+
+def _backward(A, P, H, h0, gP, gH, dA, dX, dh0, v):
+    """Fill dA, dX (and dh0) from the cotangents gH (and gP of the prefix products, if P is given);
+    shapes as in `_forward`."""
+    plan = _backward_plan(A.shape, v, A.stride(), _strides(gP), gH.stride(), _strides(P), H.stride(), _strides(h0),
+                          dA.stride(), dX.stride(), _strides(dh0), A.dtype, A.device, layout._forced, dot_precision())
+    om, op, oh = _buffers(plan, A, 3)
+    gP = A if gP is None else gP
+    if plan.first is not None:
+        launch(_backward_kernel, plan.grid, plan.first, A=A, GP=gP, GH=gH, SP=A, SH=A, H0=A, DA=A, DX=A, DH0=A,
+               OM=om, OP=op, OH=oh)
+    launch(_backward_kernel, plan.grid, plan.last, A=A, GP=gP, GH=gH, SP=A if P is None else P, SH=H,
+           H0=A if h0 is None else h0, DA=dA, DX=dX, DH0=A if dh0 is None else dh0, OM=om, OP=op, OH=oh)
+
+
+# ---- matrix_affine_scan, and matrix_scan: its k=2, v=1 instance with b (B,T,n,2) read as (B,T,n,2,1) ----
+
+def _scan_forward(A, X, Bbar, v):
     A = _dense(A)
     Abar = A.new_empty(A.shape)
-    _forward(A, _dense(Bm), None, Bbar, Abar)
+    _forward(A, _dense(X), None, Bbar, Abar, v)
     return Abar
 
 
-def _scan_backward(A, Abar, Bbar, gA, gB, dB):
+def _scan_backward(A, Abar, Bbar, gA, gB, dB, v):
     A = _dense(A)
     dA = A.new_empty(A.shape)
-    _backward(A, _dense(Abar), _dense(Bbar), None, _dense(gA), _dense(gB), dA, dB, None)
+    _backward(A, _dense(Abar), _dense(Bbar), None, _dense(gA), _dense(gB), dA, dB, None, v)
     return dA
 
 
 def _matrix_affine_scan_fwd(A: torch.Tensor, Bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Bbar = A.new_empty(Bm.shape)
-    return _scan_forward(A, Bm, Bbar), Bbar
+    return _scan_forward(A, Bm, Bbar, Bm.shape[-1]), Bbar
 
 
 def _matrix_affine_scan_bwd(A: torch.Tensor, Abar: torch.Tensor, Bbar: torch.Tensor, gA: torch.Tensor,
                             gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dB = A.new_empty(Bbar.shape)
-    return _scan_backward(A, Abar, Bbar, gA, gB, dB), dB
+    return _scan_backward(A, Abar, Bbar, gA, gB, dB, Bbar.shape[-1]), dB
 
 
 def _matrix_scan_fwd(M: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Bc = M.new_empty(b.shape)
-    return _scan_forward(M, b.unsqueeze(-1), Bc.unsqueeze(-1)), Bc
+    return _scan_forward(M, b, Bc, 1), Bc
 
 
 def _matrix_scan_bwd(M: torch.Tensor, Abar: torch.Tensor, Bc: torch.Tensor, gA: torch.Tensor,
                      gB: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     db = M.new_empty(Bc.shape)
-    return _scan_backward(M, Abar, Bc.unsqueeze(-1), gA, gB.unsqueeze(-1), db.unsqueeze(-1)), db
+    return _scan_backward(M, Abar, Bc, gA, gB, db, 1), db
 
 
 _matrix_affine_scan = scan_op("matrix_affine_scan", _matrix_affine_scan_fwd, _matrix_affine_scan_bwd, saved=(0,))
@@ -482,7 +546,7 @@ _matrix_scan = scan_op("matrix_scan", _matrix_scan_fwd, _matrix_scan_bwd, saved=
 def _matrix_recurrence_fwd(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
     A, X = _dense(A), _dense(X)
     h = A.new_empty(X.shape)
-    _forward(A, X, None if h0 is None else _dense(h0), h, None)
+    _forward(A, X, None if h0 is None else _dense(h0, outer=2), h, None, X.shape[-1])
     return h
 
 
@@ -491,8 +555,8 @@ def _matrix_recurrence_bwd(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch
     A = _dense(A)
     dA, dX = A.new_empty(A.shape), A.new_empty(h.shape)
     dh0 = A.new_empty(h.shape[0], *h.shape[2:]) if h0 is not None else A.new_empty(0)
-    _backward(A, None, _dense(h), None if h0 is None else _dense(h0), None, _dense(g), dA, dX,
-              dh0 if h0 is not None else None)
+    _backward(A, None, _dense(h), None if h0 is None else _dense(h0, outer=2), None, _dense(g), dA, dX,
+              dh0 if h0 is not None else None, h.shape[-1])
     return dA, dX, dh0
 
 
@@ -502,28 +566,29 @@ _matrix_recurrence = scan_op("matrix_recurrence", _matrix_recurrence_fwd, _matri
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
 
-def _check(A, X, sizes=BLOCK_SIZES):
-    """ScanFallback unless a kernel compiled for k, v in `sizes` takes A (B,T,n,k,k), X (B,T,n,k,v)."""
-    T, n, k, v = A.shape[1], A.shape[2], A.shape[-1], X.shape[-1]
+def _check(A, X, v, sizes=BLOCK_SIZES):
+    """ScanFallback unless a kernel compiled for k, v in `sizes` takes A (B,T,n,k,k) and X (B,T,n,k,v),
+    or (B,T,n,k) at v = 1."""
+    T, n, k = A.shape[1], A.shape[2], A.shape[-1]
     # time offsets are 32-bit within a lane (lanes use 64-bit offsets)
     check_envelope(A, span=T * max(A.stride(1), X.stride(1), n * k * max(k, v)),
                    sizes=(("k", k, sizes), ("v", v, sizes)))
 
 
 def matrix_affine_scan(A, Bm):
-    _check(A, Bm)
+    _check(A, Bm, Bm.shape[-1])
     return _matrix_affine_scan(A, Bm)
 
 
 def matrix_scan(M, b):
-    _check(M, b.unsqueeze(-1))
+    _check(M, b, 1)
     return _matrix_scan(M, b)
 
 
 def matrix_recurrence(A, X, h0=None):
     """k, v <= 16: these narrow kernels; k, v in wide.WIDE_SIZES: the wide kernel."""
     if A.shape[-1] in wide.WIDE_SIZES:
-        _check(A, X, wide.WIDE_SIZES)
+        _check(A, X, X.shape[-1], wide.WIDE_SIZES)
         return wide.matrix_recurrence(A, X, h0)
-    _check(A, X)
+    _check(A, X, X.shape[-1])
     return _matrix_recurrence(A, X, h0)

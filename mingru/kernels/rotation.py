@@ -22,10 +22,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from mingru.kernels import layout
-from mingru.kernels.common import cdiv, check_envelope, scan_op
+from mingru.kernels.common import cdiv, check_envelope, launch, planned, scan_op
 
 BLOCK_KS = (2, 4, 8, 16)
 MAX_LAYERS = 16
@@ -224,17 +223,39 @@ def _rotation_bwd_kernel(g, ang, dec, h0, sc, h, dang, ddec, du, dh0, dsc, LANES
     _store_pair(dh0 + (b * N + n) * (2 * H) + 2 * j, ME, MO, live)
 
 
+@planned
+def _forward_plan(shape, angles, decay, u, h0, scale, itemsize, forced):
+    """(grid, arguments besides the tensors) of the forward for angles of `shape`; angles, decay, u,
+    h0, scale: the tensors' strides (None: absent). forced is layout's forced layout, which
+    layout.rotation reads: it keys the memo."""
+    B, T, N, L, H = shape
+    lay = layout.rotation(T, L, H, itemsize, backward=False)
+    ints = (B * N, N, T, *angles, *decay, *u, *(h0 or (0, 0, 0)), *(scale or (0, 0, 0)))
+    return (cdiv(B * N, lay.block),), dict(zip(_FWD_INTS, ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None,
+                                           L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
+
+
+@planned
+def _backward_plan(shape, g, angles, decay, h0, scale, dangles, itemsize, forced):
+    """The backward's, as `_forward_plan`."""
+    B, T, N, L, H = shape
+    lay = layout.rotation(T, L, H, itemsize, backward=True)
+    ints = (B * N, N, T, *g, *angles, *decay, *(h0 or (0, 0, 0)), *(scale or (0, 0, 0)), dangles[-1])
+    return (cdiv(B * N, lay.block),), dict(zip(_BWD_INTS, ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None,
+                                           L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
+
+
+def _strides(x):
+    return None if x is None else x.stride()
+
+
 def _launch_fwd(angles, decay, u, h0, scale):
     B, T, N, L, H = angles.shape
     h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
-    lay = layout.rotation(T, L, H, u.element_size(), backward=False)
-    ints = zip(_FWD_INTS, (B * N, N, T, *angles.stride(), *decay.stride(), *u.stride(),
-                           *(h0.stride() if h0 is not None else (0, 0, 0)),
-                           *(scale.stride() if scale is not None else (0, 0, 0))))
-    wrap_triton(_rotation_fwd_kernel)[(cdiv(B * N, lay.block),)](
-        ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h, sc=scale if scale is not None else decay, h=h,
-        **dict(ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None, L=L, H=H, BLOCK_N=lay.block,
-        STAGES=lay.stages, num_warps=lay.warps)
+    grid, args = _forward_plan(angles.shape, angles.stride(), decay.stride(), u.stride(), _strides(h0), _strides(scale),
+                               u.element_size(), layout._forced)
+    launch(_rotation_fwd_kernel, grid, args, ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h,
+           sc=scale if scale is not None else decay, h=h)
     return h
 
 
@@ -244,15 +265,11 @@ def _launch_bwd(angles, decay, h0, scale, h, g):
     ddecay = torch.empty(decay.shape, dtype=decay.dtype, device=decay.device)
     du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
     dscale = torch.empty(decay.shape if scale is not None else 0, dtype=decay.dtype, device=decay.device)
-    lay = layout.rotation(T, L, H, h.element_size(), backward=True)
-    ints = zip(_BWD_INTS, (B * N, N, T, *g.stride(), *angles.stride(), *decay.stride(),
-                           *(h0.stride() if h0 is not None else (0, 0, 0)),
-                           *(scale.stride() if scale is not None else (0, 0, 0)), dangles.stride(-1)))
-    wrap_triton(_rotation_bwd_kernel)[(cdiv(B * N, lay.block),)](
-        g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h, sc=scale if scale is not None else decay, h=h,
-        dang=dangles, ddec=ddecay, du=du, dh0=dh0, dsc=dscale if scale is not None else ddecay, **dict(ints),
-        HAS_H0=h0 is not None, HAS_SCALE=scale is not None, L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages,
-        num_warps=lay.warps)
+    grid, args = _backward_plan(angles.shape, g.stride(), angles.stride(), decay.stride(), _strides(h0),
+                                _strides(scale), dangles.stride(), h.element_size(), layout._forced)
+    launch(_rotation_bwd_kernel, grid, args, g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h,
+           sc=scale if scale is not None else decay, h=h, dang=dangles, ddec=ddecay, du=du, dh0=dh0,
+           dsc=dscale if scale is not None else ddecay)
     return dangles, ddecay, du, dh0, dscale
 
 

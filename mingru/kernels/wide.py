@@ -19,9 +19,8 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from mingru.kernels.common import dot_precision, scan_op
+from mingru.kernels.common import dot_precision, launch, scan_op
 
 WIDE_SIZES = (32, 64)  # k and v this kernel takes (the matrix kernels take <= 16; others run eager)
 
@@ -105,8 +104,8 @@ def _forward(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> to
     h = A.new_empty(X.shape)
     grid, shared = _shared(A, X)
     h_sb, h_sn = (0, 0) if h0 is None else h0.stride()[:2]
-    wrap_triton(_forward_kernel)[grid](A, X, A if h0 is None else h0, h, **_strides("a", A), **_strides("x", X),
-                                       h_sb=h_sb, h_sn=h_sn, **_strides("o", h), HAS_H0=h0 is not None, **shared)
+    launch(_forward_kernel, grid, shared, A=A, X=X, H0=A if h0 is None else h0, OUT=h, **_strides("a", A),
+           **_strides("x", X), h_sb=h_sb, h_sn=h_sn, **_strides("o", h), HAS_H0=h0 is not None)
     return h
 
 
@@ -116,8 +115,8 @@ def _backward(A: torch.Tensor, h0: Optional[torch.Tensor], h: torch.Tensor,
     dX = A.new_empty(h.shape)
     dh0 = A.new_empty(h0.shape) if h0 is not None else A.new_empty(0)
     grid, shared = _shared(A, h)
-    wrap_triton(_backward_kernel)[grid](A, g, dX, dh0, **_strides("a", A), **_strides("g", g),
-                                        HAS_H0=h0 is not None, **shared)
+    launch(_backward_kernel, grid, shared, A=A, G=g, DX=dX, DH0=dh0, **_strides("a", A), **_strides("g", g),
+           HAS_H0=h0 is not None)
     # dA_t = lam_t h_{t-1}^T for every step at once, h_0 the initial state (zeros if none)
     first = torch.zeros_like(h[:, :1]) if h0 is None else h0.unsqueeze(1).to(h.dtype)
     dA = dX @ torch.cat([first, h[:, :-1]], 1).mT
