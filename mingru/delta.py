@@ -20,6 +20,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from mingru import scans
 from mingru.decay import DecayMixin
@@ -151,14 +152,16 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     b = _to_chunks(beta.unsqueeze(-1), N, C).squeeze(-1)  # (N,B,H,M)
 
     token = torch.arange(M, device=q.device) // nh       # micro-step -> token within the chunk
-    strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
     causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
 
     lg = None if log_gamma is None else _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
     if across == "carry" or (across is None and runs_eager(q)):
-        Y, h = _carry(Q, K, V, b, lg, nh, strict, causal, h)
+        Y, h = _carry(Q, K, V, b, lg, nh, causal, h)
         return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
-    tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh, strict, causal)
+    tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
+    strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
+    tri = tri.masked_fill(~strict, 0.0)
+    read = read.masked_fill(~causal, 0.0)
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
     # Several chunks go through the dispatch seam (Triton on CUDA). One chunk (T <= chunk_size)
     # stays in torch: nothing to chain, and the kernels' solve measured slower there on an H200.
@@ -189,10 +192,12 @@ def _from_chunks(Y, T):
     return Y.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, d_v)[:, :T]
 
 
-def _chunk_terms(Q, K, b, lg, nh, strict, causal):
+def _chunk_terms(Q, K, b, lg, nh):
     """What the WY form needs of chunks (any leading dims; Q (..,C,d_k), K (..,M,d_k), b (..,M), lg (..,C)
-    or None): tri (..,M,M) strictly lower, T[i, l] = beta_l (k_i . k_l) P_i / P_l; read (..,C,M),
-    beta_l (q_t . k_l) P_t / P_l on micro-steps l of tokens <= t; Kh = P K and Qh = P Q (the start
+    or None): tri (..,M,M) whose strictly lower part is T[i, l] = beta_l (k_i . k_l) P_i / P_l; read
+    (..,C,M) whose entries on micro-steps l of tokens <= t are beta_l (q_t . k_l) P_t / P_l. The
+    rest of tri and read is finite and no part of them: the caller masks it (or, for tri, solves
+    reading only the strictly lower part). Kh = P K and Qh = P Q (the start
     state seen through the decay); Kc (..,d_k,M) = (beta_l P_end / P_l k_l) as columns; log P_end
     (..) or None. P is the chunk-relative cumulative decay."""
     bK = (b.unsqueeze(-1) * K).transpose(-1, -2)           # beta enters as the columns' scale, before
@@ -207,26 +212,78 @@ def _chunk_terms(Q, K, b, lg, nh, strict, causal):
         Kh = K * cum_m.exp().unsqueeze(-1)
         Qh = Q * cum_t.exp().unsqueeze(-1)
         log_end = cum_t[..., -1]
-    tri = tri.masked_fill(~strict, 0.0)
-    read = read.masked_fill(~causal, 0.0)
     return tri, read, Kh, Qh, Kc, log_end
 
 
-def _carry(Q, K, V, b, lg, nh, strict, causal, h):
+def _carry(Q, K, V, b, lg, nh, causal, h):
     """The chunks one after another, each from the state the previous one left (the carried form):
     u = T^{-1} (V - Kh H_start), y = Qh H_start + read u, H_end = P_end H_start + Kc u. Its solve has
-    d_v right-hand sides (the affine maps' has d_v + d_k), it forms no d_k x d_k map, and each
-    chunk's M x M terms live only inside its step, so where the chunks run one at a time anyway
-    (eager) it is the cheaper form. Returns (Y (N,B,H,C,d_v), H_T)."""
-    ys = []
-    lgs = [None] * Q.shape[0] if lg is None else lg.unbind(0)
-    # unbind, not Q[n]: the backward of N separate selects would fill N full-size zero gradients
-    for Q_n, K_n, V_n, b_n, lg_n in zip(Q.unbind(0), K.unbind(0), V.unbind(0), b.unbind(0), lgs):
-        tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q_n, K_n, b_n, lg_n, nh, strict, causal)
-        u = scans.unit_lower_solve(tri, V_n - Kh @ h)
-        ys.append(Qh @ h + read @ u)
-        h = (h if log_end is None else log_end.exp()[..., None, None] * h) + Kc @ u
-    return torch.stack(ys), h
+    d_v right-hand sides (the affine maps' has d_v + d_k) and it forms no d_k x d_k map, so where
+    the chunks run one at a time anyway (eager) it is the cheaper form. The terms that do not read
+    the state are formed for every chunk at once (under autograd); `_Carried` runs the chain.
+    Returns (Y (N,B,H,C,d_v), H_T)."""
+    N, B, H, _, d_k = K.shape
+    d_v = V.shape[-1]
+    tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
+    # read's mask in place (neither the product nor its decay scaling saves its output); at nh = 1 it
+    # is the lower triangle, and tril_ runs far faster than a masked_fill_ with a broadcast mask
+    read = read.tril_() if nh == 1 else read.masked_fill_(~causal, 0.0)
+    flat = [x.flatten(1, 2) for x in (tri, read, Kh, Qh, Kc, V)]  # (N, B*H, ...): views
+    decay = None if log_end is None else log_end.exp().flatten(1, 2)
+    Y, h = _Carried.apply(*flat, decay, h.reshape(B * H, d_k, d_v))
+    return Y.unflatten(1, (B, H)), h.view(B, H, d_k, d_v)
+
+
+class _Carried(torch.autograd.Function):
+    """The carried chain over chunks n = 0..N-1 (every tensor (N, G, ...), G = B*H; decay (N, G) or None):
+
+        u_n = T_n^{-1} (V_n - Kh_n h_n),  h_{n+1} = decay_n h_n + Kc_n u_n,  Y_n = Qh_n h_n + read_n u_n
+
+    T_n = I + the strictly lower part of tri_n (the rest is never read). Forward: per chunk one
+    solve and two batched multiply-adds; Y for every chunk at once after the chain. Backward, the
+    adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1}, dr_n = T_n^{-T} du_n,
+    dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other gradient for all chunks at
+    once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower, dread = dY u^T, ...). Autograd
+    records no step: the backward keeps the inputs, the chunk start states and the u's.
+    """
+
+    @staticmethod
+    def forward(ctx, tri, read, Kh, Qh, Kc, V, decay, h):
+        starts, U = [], []
+        for n in range(tri.shape[0]):
+            starts.append(h)
+            U.append(scans.unit_lower_solve(tri[n], torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
+            h = torch.baddbmm(h if decay is None else decay[n, :, None, None] * h, Kc[n], U[n])
+        starts, U = torch.stack(starts), torch.stack(U)
+        Y = torch.baddbmm(torch.matmul(Qh, starts).flatten(0, 1), read.flatten(0, 1), U.flatten(0, 1))
+        ctx.save_for_backward(tri, read, Kh, Qh, Kc, decay, starts, U)
+        return Y.unflatten(0, (len(U), -1)), h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dY, dh):
+        tri, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors
+        dh = torch.zeros_like(starts[0]) if dh is None else dh
+        read_dY = torch.matmul(read.mT, dY)              # (N, G, M, d_v)
+        Qh_dY = torch.matmul(Qh.mT, dY)                  # (N, G, d_k, d_v)
+        dR, ends = [], []                                # dr_n, dh_{n+1}, from the last chunk
+        for n in range(tri.shape[0] - 1, -1, -1):
+            ends.append(dh)
+            # T^{-T} du as (du^T T^{-1})^T: the solve from the right reads tri as the forward does
+            du = torch.baddbmm(read_dY[n], Kc[n].mT, dh)
+            dR.append(torch.linalg.solve_triangular(tri[n], du.mT, upper=False, left=False,
+                                                    unitriangular=True).mT)
+            carried = Qh_dY[n] + dh if decay is None else torch.addcmul(Qh_dY[n], decay[n, :, None, None], dh)
+            dh = torch.baddbmm(carried, Kh[n].mT, dR[-1], alpha=-1)
+        dR, ends = torch.stack(dR[::-1]), torch.stack(ends[::-1])
+        Ut = U.mT
+        dtri = torch.matmul(-dR, Ut).tril_(-1)
+        dread = torch.matmul(dY, Ut)
+        dKh = torch.matmul(-dR, starts.mT)
+        dQh = torch.matmul(dY, starts.mT)
+        dKc = torch.matmul(ends, Ut)
+        ddecay = None if decay is None else (ends * starts).sum((-2, -1))
+        return dtri, dread, dKh, dQh, dKc, dR, ddecay, dh
 
 
 def _walk(A, X, h):

@@ -8,7 +8,8 @@ composes each chunk with the total of everything before it. The log-space op use
 on (log a, log b), with multiplication turned into addition and addition into logaddexp; on long
 sequences each chunk is one cumsum and one logcumsumexp (see parallel_scan_log for its stability
 rule). linear_recurrence (states only) runs the same chunked scan in place, outside autograd, with the
-adjoint recurrence, one more scan backwards in time, as its backward.
+adjoint recurrence, one more scan backwards in time, as its backward; so does matrix_recurrence for
+k <= SMALL_K (rotation_recurrence's 2 x 2 planes), with elementwise products in place of tiny matmuls.
 Half-precision inputs are accumulated in float32.
 """
 import torch
@@ -162,6 +163,13 @@ def _states(a, b, h0=None, chunk=CHUNK, owned=False):
     return h[:, :T]
 
 
+def _adjoint_coefficients(a):
+    """The adjoint recurrence's coefficients in reversed time: step s (t = T-1-s) takes a_{t+1} =
+    a_{T-s} along dim 1 (s >= 1; step 0 holds a_0, which the scan never reads)."""
+    T = a.shape[1]
+    return a.index_select(1, torch.arange(T, 0, -1, device=a.device) % T)
+
+
 class _LinearRecurrence(torch.autograd.Function):
     """linear_recurrence's states, with the adjoint recurrence as the backward.
 
@@ -169,8 +177,9 @@ class _LinearRecurrence(torch.autograd.Function):
     recurrence, run backwards in time by the same scan. Then db_t = g_t, da_t = g_t h_{t-1} and
     dh0 = a_0 g_0. Autograd records none of the scan's steps: a training step keeps a, h0 and h
     instead of every step's intermediates, and its backward is one scan, not the adjoint of each
-    step (on a CPU the per-step bookkeeping and fresh buffers dominate). The matrix scans keep
-    autograd through chunked_scan: for their small k x k products this form measured slower.
+    step (on a CPU the per-step bookkeeping and fresh buffers dominate). _SmallMatrixRecurrence is
+    the same form for k <= SMALL_K; larger matrix scans keep autograd through chunked_scan, where
+    this form, with a batched k x k matmul a step, measured slower.
     """
 
     @staticmethod
@@ -183,10 +192,7 @@ class _LinearRecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dh):
         a, h0, h = ctx.saved_tensors
-        T = a.shape[1]
-        # reversed time: step s is t = T-1-s, its coefficient a_{t+1} = a_{T-s} (s >= 1; s = 0 unread)
-        a_rev = a.index_select(1, torch.arange(T, 0, -1, device=a.device) % T)
-        g = _states(a_rev, dh.flip(1), owned=True).flip(1)
+        g = _states(_adjoint_coefficients(a), dh.flip(1), owned=True).flip(1)
         da = g.clone()
         da[:, 1:].mul_(h[:, :-1])
         if h0 is None:
@@ -259,8 +265,105 @@ def matrix_scan(M, b):
     return Abar, Bbar.squeeze(-1)
 
 
+SMALL_K = 2  # the largest k that matrix_recurrence runs through _SmallMatrixRecurrence (v = 1)
+
+
+def _small_chunk(T):
+    """_small_states' chunk length: about sqrt(T) (a power of two), so the walk inside the chunks and
+    the walk across them take about as many steps each, the fewest in all."""
+    return max(4, 1 << ((T - 1).bit_length() + 1) // 2)
+
+
+def _small_states(A, u, h0=None, transposed=False):
+    """States of h_t = M_t h_{t-1} + u_t from h0 (None: zero), outside autograd, for k x k blocks
+    stored column by column with the blocks last: A (B, T, k, k, n), A[:, t, j, :, m] = column j of
+    block m's M_t; u (B, T, k, n); h0 (B, k, n). transposed=True runs the scan on the M_t^T (A read
+    row by row). Returns h (B, T, k, n), laid out in memory as (B, T, n, k).
+
+    Every product is k elementwise multiply-adds over all blocks and chunks at once, never a
+    batched matmul of tiny matrices. One buffer holds, for each step of each chunk, the
+    chunk-relative products P_t = M_t ... M_s (s the chunk's first step) beside the local states
+    (its last column), so one walk of chunk - 1 steps (k in-place multiply-adds each) forms both;
+    the chunks' start states h_in then follow by a walk across the chunks (h_in <- P_end h_in +
+    h_end), and one pass of k multiply-adds adds P_t h_in to every state. A single chunk forms no
+    products. Time is padded with M = 0, u = 0 to whole chunks; no returned state reads the padding.
+    """
+    B, T, k, n = u.shape
+    C = min(_small_chunk(T), T)
+    N = -(-T // C)
+    if transposed:
+        A = A.transpose(2, 3)
+    if N * C != T:
+        A = F.pad(A, [0, 0, 0, 0, 0, 0, 0, N * C - T])
+    Ac = A.reshape(B, N, C, k, k, n)                  # a view: only time is split
+    cols = k + 1 if N > 1 else 1
+    X = u.new_empty(B, N, C, cols, k, n)
+    Xt = X.view(B, N * C, cols, k, n)
+    Xt[:, :T, -1] = u
+    Xt[:, T:, -1] = 0
+    if h0 is not None:
+        Xt[:, 0, -1] += (A[:, 0] * h0.unsqueeze(2)).sum(1)
+    if N > 1:
+        X[:, :, 0, :k] = Ac[:, :, 0]
+        X[:, :, 1:, :k] = 0
+    for t in range(1, C):
+        for j in range(k):
+            X[:, :, t].addcmul_(Ac[:, :, t, j].unsqueeze(2), X[:, :, t - 1, :, j].unsqueeze(3))
+    if N > 1:
+        ends = X[:, :, -1]
+        h_in = u.new_empty(B, N, k, n)
+        h_in[:, 1:] = ends[:, :-1, -1]
+        for c in range(1, N - 1):
+            for j in range(k):
+                h_in[:, c + 1].addcmul_(ends[:, c, j], h_in[:, c, j:j + 1])
+        for j in range(k):
+            X[:, 1:, :, -1].addcmul_(X[:, 1:, :, j], h_in[:, 1:, None, j:j + 1])
+    h = u.new_empty(B, T, n, k).transpose(2, 3)
+    h.copy_(Xt[:, :T, -1])
+    return h
+
+
+class _SmallMatrixRecurrence(torch.autograd.Function):
+    """_small_states (A (B,T,k,k,n) by columns, u (B,T,k,n), h0 (B,k,n) or None) with the adjoint
+    recurrence as the backward, as _LinearRecurrence: g_t = dh_t + M_{t+1}^T g_{t+1}, the same scan
+    backwards in time on the transposes, then du_t = g_t, dM_t = g_t h_{t-1}^T, dh0 = M_0^T g_0.
+    Autograd records none of the steps; the backward keeps A, h0 and the states."""
+
+    @staticmethod
+    def forward(ctx, A, u, h0):
+        h = _small_states(A, u, h0)
+        ctx.save_for_backward(A, h0, h)
+        return h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dh):
+        A, h0, h = ctx.saved_tensors
+        g = _small_states(_adjoint_coefficients(A), dh.flip(1), transposed=True).flip(1)  # on the M^T
+        dA = A.new_empty(A.shape)                     # dA[:, t, j, i] = dM_t[i, j] = g_t[i] h_{t-1}[j]
+        torch.mul(g[:, 1:, None], h[:, :-1, :, None], out=dA[:, 1:])
+        if h0 is None:
+            dA[:, 0] = 0
+        else:
+            torch.mul(g[:, 0, None], h0[:, :, None], out=dA[:, 0])
+        dh0 = (A[:, 0] * g[:, 0, None]).sum(2) if h0 is not None and ctx.needs_input_grad[2] else None
+        return dA, g, dh0
+
+
+def _small_matrix_recurrence(A, X, h0):
+    """matrix_recurrence for v = 1 through _SmallMatrixRecurrence: A (B,T,n,k,k), X (B,T,n,k,1),
+    h0 (B,n,k,1) or None, upcast -> h (B,T,n,k,1)."""
+    h = _SmallMatrixRecurrence.apply(A.permute(0, 1, 4, 3, 2), X[..., 0].transpose(2, 3),
+                                     None if h0 is None else h0[..., 0].transpose(1, 2))
+    return h.transpose(2, 3).unsqueeze(-1)
+
+
 def matrix_recurrence(A, X, h0=None):
+    """States only, h_t = A_t h_{t-1} + X_t. For k <= SMALL_K and v = 1, _SmallMatrixRecurrence
+    (elementwise products, the adjoint scan as backward); otherwise chunked_scan under autograd."""
     A32, X32 = _upcast(A, X)
+    if A.shape[-1] <= SMALL_K and X.shape[-1] == 1:
+        return _small_matrix_recurrence(A32, X32, _acc(h0)).to(A.dtype)
     X32 = _fold_h0(lambda h: A32[:, :1] @ h.unsqueeze(1), X32, h0)
     return chunked_scan((A32, X32), matrix_combine, states_only=True)[1].to(A.dtype)
 
@@ -305,8 +408,25 @@ def rotation_matrices(angles, decay, scale=None):
     return M
 
 
-def rotation_recurrence(angles, decay, u, h0=None, scale=None):
-    M = rotation_matrices(*_upcast(angles, decay, scale))
-    h = matrix_recurrence(M, _acc(u).unsqueeze(-1), None if h0 is None else _acc(h0).unsqueeze(-1))
-    return h.squeeze(-1).to(u.dtype)
+def _plane_columns(theta, decay, scale=None):
+    """The k = 2, one-layer transitions decay R(theta) diag(1, scale) (scale None: 1) by columns,
+    as _SmallMatrixRecurrence takes them: theta, decay, scale (B, T, n) -> (B, T, 2, 2, n), column 0
+    decay (cos, sin), column 1 decay scale (-sin, cos); the entries rotation_matrices gives."""
+    c, s = theta.cos(), theta.sin()
+    weight = decay.unsqueeze(2) if scale is None else torch.stack([decay, decay * scale], 2)
+    return torch.stack([c, s, -s, c], 2).unflatten(2, (2, 2)) * weight.unsqueeze(3)
 
+
+def rotation_recurrence(angles, decay, u, h0=None, scale=None):
+    """Eager rotation_recurrence. With k = 2 and one layer the transitions go straight into
+    _SmallMatrixRecurrence's layout (no (B, T, n, 2, 2) matrices); otherwise rotation_matrices feeds
+    matrix_recurrence."""
+    dtype = u.dtype
+    angles, decay, scale, u, h0 = _upcast(angles, decay, scale, u, h0)
+    if angles.shape[-2:] == (1, 1):
+        A = _plane_columns(angles[..., 0, 0], decay, scale)
+        h = _SmallMatrixRecurrence.apply(A, u.transpose(2, 3), None if h0 is None else h0.transpose(1, 2))
+        return h.transpose(2, 3).to(dtype)
+    M = rotation_matrices(angles, decay, scale)
+    h = matrix_recurrence(M, u.unsqueeze(-1), None if h0 is None else h0.unsqueeze(-1))
+    return h.squeeze(-1).to(dtype)
