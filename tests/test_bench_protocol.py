@@ -246,3 +246,20 @@ def test_compile_ahead_deals_the_longest_kinds_of_call_first(monkeypatch):
                        "mingru.bench.seed:warm_seed"]
     assert got[-2:] == ["mingru.bench.parity:compile_case", "mingru.bench.seed:warm_ours"]
     assert got.index("mingru.bench.precision:errors") < got.index("mingru.bench.memory:compile_case")
+
+
+def test_accelerated_scan_runs_as_published_with_room_for_its_backward_read():
+    from mingru.bench import peers
+    places.peer_on_path("accelerated-scan")
+    scalar = pytest.importorskip("accelerated_scan.scalar")
+    ours = peers.competitors()["accelerated_scan"][0]
+    for B, C, T in [(2, 3, 8), (1, 2, 5)]:
+        f = torch.rand(B, C, T).requires_grad_()
+        x = torch.randn(B, C, T).requires_grad_()
+        a, b = ours(f, x), scalar.scan(f, x)
+        g = torch.randn_like(a)
+        assert torch.equal(a, b) and a.untyped_storage().nbytes() >= (a.numel() + peers.ACCELERATED_BLOCK) * 4
+        for mine, theirs in zip(torch.autograd.grad(a, (f, x), g), torch.autograd.grad(b, (f, x), g)):
+            assert torch.equal(mine, theirs)
+    with pytest.raises(ValueError, match="contiguous gates and tokens"):
+        ours(torch.rand(1, 2, 4).transpose(1, 2), torch.rand(1, 4, 2))

@@ -55,12 +55,13 @@ def check_envelope(x, span=0, batch=0, sizes=()):
             raise ScanFallback(f"{name} = {size}: the kernels are compiled for {name} in {tuple(allowed)}")
 
 
-def launch(kernel, grid, args, **tensors):
-    """kernel[grid](**tensors, **args): through wrap_triton while it is on (tracers see the launch),
-    straight to the kernel's launcher when it is off (the eager calls of `scan_op`)."""
+def launch(kernel, grid, args, **more):
+    """kernel[grid](**args, **more) (`more`: arguments that vary where `args` is a cached plan):
+    through wrap_triton while it is on (tracers see the launch), straight to the kernel's launcher
+    when it is off (the eager calls of `scan_op`)."""
     if is_wrap_triton_enabled():
-        return wrap_triton(kernel)[grid](**tensors, **args)
-    return kernel.run(grid=grid, warmup=False, **tensors, **args)
+        return wrap_triton(kernel)[grid](**more, **args)
+    return kernel.run(grid=grid, warmup=False, **more, **args)
 
 
 def planned(plan):

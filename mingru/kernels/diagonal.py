@@ -78,8 +78,7 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, MODE: tl.constexpr, H
         x = tl.load(x_ptr + offs, mask=mask, other=1.0)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0)
     x, y = _acc(x, F64), _acc(y, F64)
-    if HAS_BIAS:
-        x, y = x + bias_k[None, :], y + bias_c[None, :]
+    x, y = _biased(x, bias_k[None, :], HAS_BIAS), _biased(y, bias_c[None, :], HAS_BIAS)
     if MODE == GATE:
         z = tl.sigmoid(x)
         x, y = tl.sigmoid(-x), z * _candidate(y)[0]
@@ -87,8 +86,17 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, MODE: tl.constexpr, H
 
 
 @triton.jit
+def _biased(v, bias, HAS_BIAS: tl.constexpr):
+    """v + bias (bias broadcast by the caller); v itself without a bias, so no zeros are added."""
+    if HAS_BIAS:
+        v = v + bias
+    return v
+
+
+@triton.jit
 def _bias(bias_ptr, cols, cmask, D, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
-    """The biases of k and of c on these channels: bias_ptr holds (2D,) = k's | c's (zeros without)."""
+    """The biases of k and of c on these channels: bias_ptr holds (2D,) = k's | c's (zeros without:
+    placeholders that _biased never adds)."""
     if HAS_BIAS:
         bias_k = _acc(tl.load(bias_ptr + cols, mask=cmask, other=0.0), F64)
         bias_c = _acc(tl.load(bias_ptr + D + cols, mask=cmask, other=0.0), F64)
@@ -189,7 +197,7 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
 @triton.jit
 def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
                  x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE: tl.constexpr,
-                 HAS_H0: tl.constexpr, F64: tl.constexpr):
+                 HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
     """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A),
     and return it; the gradients have the inputs' layout (x_base + in_offs), the outputs are read at
     base + offs."""
@@ -205,9 +213,10 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
             h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
             h_prev = tl.where(first, h0[None, :], h_prev)
         if MODE == GATE:  # h_t = (1 - z) h_{t-1} + z g(c): d/dk = z (1 - z) (g(c) - h_{t-1})
-            z = tl.sigmoid(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64) + bias_k[None, :])
-            g_c, dg_c = _candidate(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64)
-                                   + bias_c[None, :])
+            z = tl.sigmoid(_biased(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64),
+                                   bias_k[None, :], HAS_BIAS))
+            g_c, dg_c = _candidate(_biased(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64),
+                                           bias_c[None, :], HAS_BIAS))
             dx = lam_t * z * (1.0 - z) * (g_c - h_prev)
             dy = lam_t * z * dg_c
         else:
@@ -230,11 +239,11 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
 
 @triton.jit
 def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
-                  MODE: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr):
+                  MODE: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
     """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
     x0 = _acc(tl.load(x_ptr + x_base + cols, mask=cmask, other=0.0), F64)
     if MODE == GATE:
-        x0 = tl.sigmoid(-(x0 + bias_k))
+        x0 = tl.sigmoid(-_biased(x0, bias_k, HAS_BIAS))
     if MODE == LOG:
         # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
         # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
@@ -285,7 +294,8 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
         if MODE == LOG:
             c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
         elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
-            c = tl.sigmoid(-(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64) + bias_k[None, :]))
+            c = tl.sigmoid(-_biased(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64), bias_k[None, :],
+                                    HAS_BIAS))
         else:
             c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
         c = tl.where(valid[:, None], c, 1.0)
@@ -302,7 +312,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
         if not AGG_PASS:
             dx, dy = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols,
                                   cmask, base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k,
-                                  bias_c, D, MODE, HAS_H0, F64)
+                                  bias_c, D, MODE, HAS_H0, HAS_BIAS, F64)
             if HAS_BIAS:
                 dbias_k += tl.sum(tl.where(mask, dx, 0.0), axis=0)
                 dbias_c += tl.sum(tl.where(mask, dy, 0.0), axis=0)
@@ -315,7 +325,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
     else:
         if MODE != SCAN and seg == 0:
             _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
-                          MODE, HAS_H0, F64)
+                          MODE, HAS_H0, HAS_BIAS, F64)
         if HAS_BIAS:  # partials (B, segments, 2D)
             row = dbias_ptr + (b * segments + seg) * 2 * D + cols
             tl.store(row, dbias_k, mask=cmask)
