@@ -263,3 +263,21 @@ def test_accelerated_scan_runs_as_published_with_room_for_its_backward_read():
             assert torch.equal(mine, theirs)
     with pytest.raises(ValueError, match="contiguous gates and tokens"):
         ours(torch.rand(1, 2, 4).transpose(1, 2), torch.rand(1, 4, 2))
+
+
+def test_a_worker_whose_cuda_context_died_hands_its_calls_to_fresh_workers(tmp_path, capsys):
+    # one worker: the CUDA error poisons it, so every later call must come back and run in a new pool
+    fault = ("builtins:exec", ("raise RuntimeError('CUDA error: an illegal memory access was encountered')",))
+    marks = [("os:mkdir", (str(tmp_path / f"m{i}"),)) for i in range(3)]
+    for target in ("builtins:exec", "os:mkdir"):
+        warm._forget(target)
+    warm._pool([fault, *marks], 1)
+    assert all((tmp_path / f"m{i}").is_dir() for i in range(3)) and "os:mkdir" not in warm.FAILED
+    count, first = warm.FAILED["builtins:exec"]
+    assert count == 1 and "CUDA error" in first
+    assert "the 3 call(s) it handed back run in fresh workers" in capsys.readouterr().err
+    # every pool poisoned: what is still unrun after the last one is a failure, not a silent gap
+    warm._forget("os:mkdir")
+    warm._pool([fault] * warm.POOL_ROUNDS + [("os:mkdir", (str(tmp_path / "late"),))], 1)
+    assert warm.FAILED["os:mkdir"][0] == 1 and warm.FAILED["os:mkdir"][1].startswith("not run: CUDA errors")
+    assert not (tmp_path / "late").exists() and warm.FAILED["builtins:exec"][0] == 1 + warm.POOL_ROUNDS

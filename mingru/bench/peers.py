@@ -23,6 +23,7 @@ from mingru.bench import cases, places
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
 from mingru.bench.timing import check_then_time, failure, gate, scan_impl
+from mingru.bench.warm import context_fault
 from mingru.delta import delta_rule_chunked
 
 NAME, SUBJECT = "peers", "competitor"
@@ -226,12 +227,6 @@ def _rows(name, shape, is_delta):
     return [{"competitor": name, "B": B, "T": T, "D": D, "dtype": dtype, "direction": d} for d in ("fwd", "fwd+bwd")]
 
 
-def _context_fault(exc):
-    """Whether `exc` is a CUDA error, which leaves this process's CUDA context unusable (an illegal
-    address in any kernel is reported at some later call, so it can surface in another case)."""
-    return "CUDA error" in str(exc) or type(exc).__name__ == "AcceleratorError"
-
-
 def measure(device, quick, env, keep=lambda name: True):
     """Every row pair of _todo. A CUDA error ends the measuring: the case where it surfaced and every
     later one become rows saying so, and the rows measured before it are kept."""
@@ -249,7 +244,7 @@ def measure(device, quick, env, keep=lambda name: True):
             else:
                 rows += race(name, entries[name], *shape, device, quick, runnable)
         except Exception as exc:  # noqa: BLE001  (only a CUDA error is turned into rows)
-            if not _context_fault(exc):
+            if not context_fault(exc):
                 raise
             rows += [{**r, "us": None, "status": failure(exc)} for r in _rows(name, shape, is_delta)]
             case = f"{name} " + "-".join(map(str, shape))

@@ -7,6 +7,11 @@ one CUDA context each) take the cases one at a time and compile them side by sid
 process then loads the compiled kernels from the cache. Results of the workers are discarded: only
 the main process's measurements are recorded.
 
+A CUDA error leaves the CUDA context of the worker where it happened unusable (an illegal address
+in any kernel is reported at some later call), so that worker runs no more calls: it hands them
+back, and they run again in a fresh pool once the current one ends (at most POOL_ROUNDS pools).
+The call that raised the error counts as failed, as any other call that raises.
+
 A harness warms its own cases when it starts (`warm`); a full run instead compiles every harness's
 cases in one pool before anything is measured (`warm_all`), so that the pool waits for its slowest
 case once instead of once per harness, and the harnesses then skip their own pools.
@@ -23,6 +28,8 @@ DONE = set()  # targets whose cases a run-wide pool (warm_all) already compiled 
 SPENT = {}  # target -> worker seconds its calls took in the last pool that ran it (where a cold run's time goes)
 LONGEST = {}  # target -> its longest single call in that pool (what bounds the pool from below)
 FAILED = {}  # target -> (calls that raised in that pool, the first one's error): those cases compile in the sweep
+POOL_ROUNDS = 3  # pools a run of calls may take when CUDA errors leave workers unusable
+_DEAD = []  # in a worker: the CUDA error that left its context unusable (the worker then hands calls back)
 
 
 def pin_triton_cache():
@@ -48,8 +55,16 @@ def default_workers(device):
     return max(0, min(16, os.cpu_count() or 2))
 
 
+def context_fault(exc):
+    """Whether `exc` is a CUDA error, which leaves the process's CUDA context unusable."""
+    return "CUDA error" in str(exc) or type(exc).__name__ == "AcceleratorError"
+
+
 def _run_call(target, case):
-    """Run one call in this worker; return the seconds it took and the error it raised (or None)."""
+    """Run one call in this worker; return the seconds it took, the error it raised (or None), and
+    whether it was handed back unrun (this worker's CUDA context is unusable)."""
+    if _DEAD:
+        return 0.0, None, True
     module, _, name = target.partition(":")
     start = time.monotonic()
     error = None
@@ -57,7 +72,9 @@ def _run_call(target, case):
         getattr(importlib.import_module(module), name)(*case)
     except Exception as exc:  # noqa: BLE001  (the main process measures the case again and reports it)
         error = f"{type(exc).__name__}: {exc}"[:300]
-    return time.monotonic() - start, error
+        if context_fault(exc):
+            _DEAD.append(error)
+    return time.monotonic() - start, error, False
 
 
 def _pool(calls, workers):
@@ -67,22 +84,24 @@ def _pool(calls, workers):
 
     Calls are handed out one at a time, in the given order, to whichever worker is free, so the
     pool ends soon after its longest call when that call is listed first (a static split would
-    leave some workers idle while one works through its share)."""
+    leave some workers idle while one works through its share). Calls that a worker with an
+    unusable CUDA context handed back run in a fresh pool after this one (POOL_ROUNDS in all);
+    any still unrun after the last count as failed."""
     start = time.monotonic()
-    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     # torch.compile inside a worker compiles in that worker alone, not in a pool of its own per worker
     old = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context) as pool:
-            futures = [(target, pool.submit(_run_call, target, case)) for target, case in calls]
-            for target, future in futures:
-                seconds, error = future.result()
-                SPENT[target] = SPENT.get(target, 0.0) + seconds
-                LONGEST[target] = max(LONGEST.get(target, 0.0), seconds)
-                if error:
-                    count, first = FAILED.get(target, (0, error))
-                    FAILED[target] = (count + 1, first)
+        pending = list(calls)
+        for round_ in range(1, POOL_ROUNDS + 1):
+            pending = _one_pool(pending, workers)
+            if not pending:
+                break
+            if round_ < POOL_ROUNDS:
+                print(f"compile pool: a CUDA error left a worker unusable; the {len(pending)} call(s) it handed "
+                      "back run in fresh workers", file=sys.stderr, flush=True)
+        for target, _ in pending:
+            _record(target, 0.0, f"not run: CUDA errors left the workers of {POOL_ROUNDS} pools unusable")
     finally:
         if old is None:
             os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS")
@@ -94,6 +113,29 @@ def _pool(calls, workers):
             print(f"compile pool: {count} call(s) of {target} raised (first: {first}); the sweep compiles "
                   "those cases itself", file=sys.stderr, flush=True)
     return time.monotonic() - start
+
+
+def _one_pool(calls, workers):
+    """One pool over `calls`, recorded as they finish; returns the calls handed back unrun."""
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    back = []
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context) as pool:
+        futures = [(call, pool.submit(_run_call, *call)) for call in calls]
+        for call, future in futures:
+            seconds, error, handed_back = future.result()
+            if handed_back:
+                back.append(call)
+            else:
+                _record(call[0], seconds, error)
+    return back
+
+
+def _record(target, seconds, error):
+    SPENT[target] = SPENT.get(target, 0.0) + seconds
+    LONGEST[target] = max(LONGEST.get(target, 0.0), seconds)
+    if error:
+        count, first = FAILED.get(target, (0, error))
+        FAILED[target] = (count + 1, first)
 
 
 def _forget(target):
