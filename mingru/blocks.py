@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from mingru.decay import DECAY_KWARGS, check_delta_t_pairing
+from mingru.validate import check_input, check_sizes
 
 # mixer name -> ("module:class", whether the class takes learnable_h0)
 MIXERS = {
@@ -42,6 +43,7 @@ class MinGRUBlock(nn.Module):
     def __init__(self, d_model, mlp_expansion=4, dropout=0.0, learnable_h0=False, mixer="log",
                  mixer_kwargs=None):
         super().__init__()
+        check_sizes("MinGRUBlock", d_model=d_model)
         cls = mixer_class(mixer)
         kwargs = dict(mixer_kwargs or {})
         if MIXERS[mixer][1]:
@@ -59,6 +61,7 @@ class MinGRUBlock(nn.Module):
 
     def forward(self, x, h_0=None, delta_t=None):
         """x (B, T, d_model) -> (output (B, T, d_model), state for the next call)."""
+        check_input("MinGRUBlock", x, self, False, self.norm1.normalized_shape[0], "d_model")
         if _carries_matrix_state(self.mingru):
             h, state = self.mingru(self.norm1(x), h_0, delta_t, return_state=True)
         else:
@@ -69,6 +72,7 @@ class MinGRUBlock(nn.Module):
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
         """x_t (B, d_model) -> (output (B, d_model), new state)."""
+        check_input("MinGRUBlock", x_t, self, True, self.norm1.normalized_shape[0], "d_model")
         if _carries_matrix_state(self.mingru):
             y, state = self.mingru.step(self.norm1(x_t), h_prev, delta_t)
         else:
@@ -109,6 +113,7 @@ class MinGRUStack(nn.Module):
     def __init__(self, input_size, d_model, n_layers, mlp_expansion=4, dropout=0.0,
                  learnable_h0=False, mixer="log", mixer_kwargs=None, decay_layers="all"):
         super().__init__()
+        check_sizes("MinGRUStack", input_size=input_size, d_model=d_model, n_layers=n_layers)
         if decay_layers not in ("all", "last"):
             raise ValueError(f"decay_layers must be 'all' or 'last', got {decay_layers!r}")
         self.decay_layers = decay_layers
@@ -120,6 +125,7 @@ class MinGRUStack(nn.Module):
         if n_rot > 1:
             warnings.warn(f"{n_rot} 'rotation' blocks: the straight-through gradient of the "
                           "snapped angles can compound from layer to layer", stacklevel=2)
+        self.input_size = input_size
         self.in_proj = nn.Linear(input_size, d_model) if input_size != d_model else nn.Identity()
         self.blocks = nn.ModuleList(MinGRUBlock(d_model, mlp_expansion, dropout, learnable_h0, m, kw)
                                     for m, kw in plan)
@@ -129,7 +135,8 @@ class MinGRUStack(nn.Module):
         """A fresh state: one None per block (each mixer then starts from its default state)."""
         return [None] * len(self.blocks)
 
-    def _run(self, x, state, delta_t, call):
+    def _run(self, x, state, delta_t, call, step):
+        check_input("MinGRUStack", x, self, step, self.input_size)
         decays = [block.mingru.decay is not None for block in self.blocks]
         if not any(decays):
             check_delta_t_pairing(None, delta_t)
@@ -145,9 +152,9 @@ class MinGRUStack(nn.Module):
 
     def forward(self, x, state=None, delta_t=None):
         """x (B, T, input_size) -> (output (B, T, d_model), per-block states for the next call)."""
-        return self._run(x, state, delta_t, MinGRUBlock.__call__)
+        return self._run(x, state, delta_t, MinGRUBlock.__call__, False)
 
     @torch.no_grad()
     def step(self, x_t, state, delta_t=None):
         """x_t (B, input_size) and the state from init_state/step -> (output (B, d_model), state)."""
-        return self._run(x_t, state, delta_t, MinGRUBlock.step)
+        return self._run(x_t, state, delta_t, MinGRUBlock.step, True)

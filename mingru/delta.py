@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from mingru import scans
 from mingru.decay import DecayMixin
 from mingru.dispatch import dispatch, runs_eager
-from mingru.validate import check_input_dtype, data_checkable
+from mingru.validate import check_input, check_sizes, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
 # blur the decay of its neighbours; exp(-88) is already 0 in float32, so clamping there changes
@@ -317,11 +317,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     def __init__(self, input_size, hidden_size, bias=True, n_heads=4, nh=1, d_k=None, d_v=None,
                  chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False):
         super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
-                            ("n_heads", n_heads), ("nh", nh), ("chunk_size", chunk_size),
-                            ("d_k", 1 if d_k is None else d_k), ("d_v", 1 if d_v is None else d_v)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_sizes("DeltaMinGRU", input_size=input_size, hidden_size=hidden_size, n_heads=n_heads, nh=nh,
+                    chunk_size=chunk_size, d_k=1 if d_k is None else d_k, d_v=1 if d_v is None else d_v)
         if d_k is None and hidden_size % n_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by n_heads ({n_heads}) "
                              "when d_k is not given (d_k defaults to hidden_size // n_heads)")
@@ -368,13 +365,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
             log_gamma = log_gamma.clamp(min=LOG_GAMMA_FLOOR)
         return log_gamma
 
-    def _check_x(self, x, shape):
-        ndim = shape.count(",") + 1
-        if not isinstance(x, torch.Tensor) or x.dim() != ndim or x.shape[-1] != self.input_size:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"DeltaMinGRU: x must have shape {shape} with input_size = {self.input_size}, "
-                             f"got {got}")
-        check_input_dtype("DeltaMinGRU", x, self)
+    def _check_x(self, x, step):
+        check_input("DeltaMinGRU", x, self, step, self.input_size)
 
     def _state(self, h, want, name, like):
         if h is None:
@@ -387,7 +379,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
 
     def forward(self, x, h_0=None, delta_t=None, return_state=False):
         """x (B, T, input_size) -> y (B, T, hidden_size), or (y, h_T (B, 1, n_heads d_k d_v))."""
-        self._check_x(x, "(B, T, input_size)")
+        self._check_x(x, step=False)
         B, T, _ = x.shape
         dt = self._prepare_decay(delta_t, (B, T))
         h = self._state(h_0, (B, 1, self.state_size), "h_0", x)
@@ -399,7 +391,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
         """x_t (B, input_size), h_prev (B, n_heads d_k d_v) -> (y_t (B, hidden_size), h_t like h_prev)."""
-        self._check_x(x_t, "(B, input_size)")
+        self._check_x(x_t, step=True)
         B = x_t.shape[0]
         dt = self._prepare_decay(delta_t, (B,))
         h = self._state(h_prev, (B, self.state_size), "h_prev", x_t)

@@ -14,7 +14,7 @@ from torch import nn
 from mingru import dispatch, ops, scans
 from mingru.decay import DecayMixin
 from mingru.scans import g
-from mingru.validate import check_input_dtype, data_checkable
+from mingru.validate import check_input, check_sizes, data_checkable
 
 
 def _linears(input_size, sizes, bias):
@@ -26,9 +26,7 @@ class _Mixer(DecayMixin, nn.Module):
 
     def __init__(self, input_size, hidden_size):
         super().__init__()
-        for name, v in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {v!r}")
+        check_sizes(type(self).__name__, input_size=input_size, hidden_size=hidden_size)
         self.input_size, self.hidden_size = input_size, hidden_size
 
     def _project(self, x, *linears):
@@ -39,15 +37,7 @@ class _Mixer(DecayMixin, nn.Module):
         return [lin(x) for lin in linears]
 
     def _check_x(self, x, step):
-        name = type(self).__name__
-        want = "(B, input_size)" if step else "(B, T, input_size)"
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{name}: x must be a floating-point torch.Tensor of shape {want}, "
-                            f"got {getattr(x, 'dtype', type(x).__name__)}")
-        if x.dim() != (2 if step else 3) or x.shape[-1] != self.input_size:
-            raise ValueError(f"{name}: x must have shape {want} with input_size = {self.input_size}, "
-                             f"got {tuple(x.shape)}")
-        check_input_dtype(name, x, self)
+        check_input(type(self).__name__, x, self, step, self.input_size)
 
     def _state(self, h, x, step, default):
         """The initial state, checked: (B, 1, H) for forward, (B, H) for step; `default(x)` if None.

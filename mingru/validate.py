@@ -34,14 +34,32 @@ def check_tensors(op, **tensors):
                             "pass one dtype")
 
 
-def check_input_dtype(owner, x, module):
-    """x must have the dtype of the module's parameters, unless autocast is on for x's device (it
-    casts the projections' inputs itself)."""
+def check_sizes(owner, **sizes):
+    """Every named size must be a positive int (a bool is not a size)."""
+    for name, v in sizes.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+
+
+def check_input(owner, x, module, step, size, size_name="input_size"):
+    """A module's input: a floating-point tensor of shape (B, T, size) ((B, size) for a step), on
+    the device of the module's parameters and of their dtype, unless autocast is on for x's device
+    (it casts the projections' inputs itself)."""
+    want = f"(B, {size_name})" if step else f"(B, T, {size_name})"
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{owner}: x must be a floating-point torch.Tensor of shape {want}, "
+                        f"got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != (2 if step else 3) or x.shape[-1] != size:
+        raise ValueError(f"{owner}: x must have shape {want} with {size_name} = {size}, got {tuple(x.shape)}")
     param = next(module.parameters(), None)
-    if param is None or x.dtype == param.dtype or torch.is_autocast_enabled(x.device.type):
+    if param is None:
         return
-    raise TypeError(f"{owner}: x has dtype {x.dtype} but the parameters are {param.dtype}; pass x as "
-                    f"{param.dtype} or convert the module with .to({x.dtype})")
+    if x.device != param.device:
+        raise ValueError(f"{owner}: x is on {x.device} but the parameters are on {param.device}; move x "
+                         f"there, or the module with .to('{x.device}')")
+    if x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{owner}: x has dtype {x.dtype} but the parameters are {param.dtype}; pass x as "
+                        f"{param.dtype} or convert the module with .to({x.dtype})")
 
 
 _passed = {}  # argument signatures `checked` has accepted -> their named sizes

@@ -113,3 +113,34 @@ def test_mixer_x_dtype_must_match_its_parameters(mixer):
         m.step(r(2, 6).double())
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the inputs itself
         m(r(2, 5, 6).bfloat16())
+
+
+@pytest.mark.parametrize("mixer", [mingru.MinGRU, mingru.SignedMinGRU, mingru.RotationMinGRU, mingru.GivensMinGRU,
+                                   mingru.DeltaMinGRU])
+def test_mixer_x_must_be_on_the_parameters_device(mixer):
+    m = mixer(6, 16)
+    with pytest.raises(ValueError, match=r"x is on meta but the parameters are on cpu"):
+        m(torch.empty(2, 5, 6, device="meta"))
+    with pytest.raises(ValueError, match=r"x is on meta but the parameters are on cpu"):
+        m.step(torch.empty(2, 6, device="meta"))
+
+
+def test_blocks_and_stacks_name_their_input_shapes_and_sizes():
+    block, stack = mingru.MinGRUBlock(8), mingru.MinGRUStack(6, 8, 2)
+    with pytest.raises(ValueError, match=r"MinGRUBlock: x must have shape \(B, T, d_model\) with d_model = 8, got \(2, 5, 7\)"):
+        block(r(2, 5, 7))
+    with pytest.raises(ValueError, match=r"MinGRUBlock: x must have shape \(B, d_model\) with d_model = 8"):
+        block.step(r(2, 5, 8))
+    with pytest.raises(ValueError, match=r"MinGRUStack: x must have shape \(B, T, input_size\) with input_size = 6"):
+        stack(r(2, 5, 8))
+    with pytest.raises(ValueError, match=r"MinGRUStack: x must have shape \(B, input_size\) with input_size = 6"):
+        stack.step(r(2, 8), stack.init_state())
+    with pytest.raises(TypeError, match=r"MinGRUStack: x must be a floating-point torch.Tensor"):
+        stack(torch.ones(2, 5, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"MinGRUBlock: x is on meta"):
+        block(torch.empty(2, 5, 8, device="meta"))
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"MinGRUStack: n_layers must be a positive int"):
+            mingru.MinGRUStack(6, 8, bad)
+    with pytest.raises(ValueError, match=r"MinGRUBlock: d_model must be a positive int"):
+        mingru.MinGRUBlock(0)
