@@ -8,10 +8,8 @@ from torch.library import triton_op, wrap_triton
 
 try:  # the switch triton_op's own eager implementation uses; private, so tolerate its absence
     from torch._library.triton import is_wrap_triton_enabled
-    from torch._library.triton import set_wrap_triton_enabled as _wrap_triton_enabled
     from torch._library.triton import wrap_triton_enabled as _wrap_state
 except ImportError:  # pragma: no cover - older torch: launches go through the (slower) wrapper
-    _wrap_triton_enabled = lambda enabled: contextlib.nullcontext()  # noqa: E731
     is_wrap_triton_enabled = lambda: True  # noqa: E731
     _wrap_state = None
 
@@ -154,8 +152,8 @@ def scan_op(name, forward, backward, saved, optional=()):
 
 
 def _unwrapped(fn, *args):
-    """fn(*args) with wrap_triton off, as `_wrap_triton_enabled(False)` would run it, without the
-    cost of entering a context manager on every call."""
+    """fn(*args) with wrap_triton off, as torch's `set_wrap_triton_enabled(False)` would run it,
+    without the cost of entering a context manager on every call."""
     if _wrap_state is None:  # pragma: no cover - older torch
         return fn(*args)
     prev = is_wrap_triton_enabled()

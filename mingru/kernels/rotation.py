@@ -224,36 +224,29 @@ def _rotation_bwd_kernel(g, ang, dec, h0, sc, h, dang, ddec, du, dh0, dsc, LANES
 
 
 @planned
-def _forward_plan(shape, angles, decay, u, h0, scale, itemsize, forced):
-    """(grid, arguments besides the tensors) of the forward for angles of `shape`; angles, decay, u,
-    h0, scale: the tensors' strides (None: absent). forced is layout's forced layout, which
-    layout.rotation reads: it keys the memo."""
+def _plan(backward, shape, strides, has_h0, has_scale, itemsize, forced):
+    """(grid, arguments besides the tensors) of the forward or the backward for angles of `shape`;
+    strides: the kernel's stride arguments in _FWD_INTS / _BWD_INTS order after LANES, N, T (zeros
+    for an absent h0 or scale). forced is layout's forced layout, which layout.rotation reads: it
+    keys the memo."""
     B, T, N, L, H = shape
-    lay = layout.rotation(T, L, H, itemsize, backward=False)
-    ints = (B * N, N, T, *angles, *decay, *u, *(h0 or (0, 0, 0)), *(scale or (0, 0, 0)))
-    return (cdiv(B * N, lay.block),), dict(zip(_FWD_INTS, ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None,
-                                           L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
+    lay = layout.rotation(T, L, H, itemsize, backward=backward)
+    ints = dict(zip(_BWD_INTS if backward else _FWD_INTS, (B * N, N, T, *strides)))
+    return (cdiv(B * N, lay.block),), dict(ints, HAS_H0=has_h0, HAS_SCALE=has_scale, L=L, H=H, BLOCK_N=lay.block,
+                                           STAGES=lay.stages, num_warps=lay.warps)
 
 
-@planned
-def _backward_plan(shape, g, angles, decay, h0, scale, dangles, itemsize, forced):
-    """The backward's, as `_forward_plan`."""
-    B, T, N, L, H = shape
-    lay = layout.rotation(T, L, H, itemsize, backward=True)
-    ints = (B * N, N, T, *g, *angles, *decay, *(h0 or (0, 0, 0)), *(scale or (0, 0, 0)), dangles[-1])
-    return (cdiv(B * N, lay.block),), dict(zip(_BWD_INTS, ints), HAS_H0=h0 is not None, HAS_SCALE=scale is not None,
-                                           L=L, H=H, BLOCK_N=lay.block, STAGES=lay.stages, num_warps=lay.warps)
-
-
-def _strides(x):
-    return None if x is None else x.stride()
+def _optional(x):
+    """The strides of an optional (B, N, width) tensor: zeros when it is absent."""
+    return (0, 0, 0) if x is None else x.stride()
 
 
 def _launch_fwd(angles, decay, u, h0, scale):
     B, T, N, L, H = angles.shape
     h = torch.empty(B, T, N, 2 * H, dtype=u.dtype, device=u.device)
-    grid, args = _forward_plan(angles.shape, angles.stride(), decay.stride(), u.stride(), _strides(h0), _strides(scale),
-                               u.element_size(), layout._forced)
+    strides = (*angles.stride(), *decay.stride(), *u.stride(), *_optional(h0), *_optional(scale))
+    grid, args = _plan(False, angles.shape, strides, h0 is not None, scale is not None, u.element_size(),
+                       layout._forced)
     launch(_rotation_fwd_kernel, grid, args, ang=angles, dec=decay, u=u, h0=h0 if h0 is not None else h,
            sc=scale if scale is not None else decay, h=h)
     return h
@@ -265,8 +258,9 @@ def _launch_bwd(angles, decay, h0, scale, h, g):
     ddecay = torch.empty(decay.shape, dtype=decay.dtype, device=decay.device)
     du, dh0 = torch.empty_like(h), torch.empty(B, N, 2 * H, dtype=h.dtype, device=h.device)
     dscale = torch.empty(decay.shape if scale is not None else 0, dtype=decay.dtype, device=decay.device)
-    grid, args = _backward_plan(angles.shape, g.stride(), angles.stride(), decay.stride(), _strides(h0),
-                                _strides(scale), dangles.stride(), h.element_size(), layout._forced)
+    strides = (*g.stride(), *angles.stride(), *decay.stride(), *_optional(h0), *_optional(scale), dangles.stride(-1))
+    grid, args = _plan(True, angles.shape, strides, h0 is not None, scale is not None, h.element_size(),
+                       layout._forced)
     launch(_rotation_bwd_kernel, grid, args, g=g, ang=angles, dec=decay, h0=h0 if h0 is not None else h,
            sc=scale if scale is not None else decay, h=h, dang=dangles, ddec=ddecay, du=du, dh0=dh0,
            dsc=dscale if scale is not None else ddecay)
