@@ -3,6 +3,7 @@ goals are judged from the data, the seed runs only in its own process, provenanc
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -281,3 +282,21 @@ def test_a_worker_whose_cuda_context_died_hands_its_calls_to_fresh_workers(tmp_p
     warm._pool([fault] * warm.POOL_ROUNDS + [("os:mkdir", (str(tmp_path / "late"),))], 1)
     assert warm.FAILED["os:mkdir"][0] == 1 and warm.FAILED["os:mkdir"][1].startswith("not run: CUDA errors")
     assert not (tmp_path / "late").exists() and warm.FAILED["builtins:exec"][0] == 1 + warm.POOL_ROUNDS
+
+
+def test_the_wall_clock_times_a_loop_of_calls_between_synchronizations():
+    calls, syncs = [], []
+    leaf = torch.ones(2, requires_grad=True)
+
+    def fn():  # each call must start with its gradient cleared
+        calls.append(leaf.grad is None)
+        leaf.grad = torch.ones(2)
+        time.sleep(0.002)
+
+    us = timing._loop_us(fn, [leaf], lambda: syncs.append(1))
+    # a sleep of 2 ms per call; the bounds only catch a wrong unit or a lost division by the batch size
+    assert 1500 < us < 20000 and all(calls)
+    batch = max(1, int(timing.BATCH_S / 0.002))
+    # each batch sits between two synchronizations: sizing, warm-up and three or more timed batches
+    assert len(calls) >= 1 + 3 * batch and len(syncs) % 2 == 0 and len(syncs) >= 2 * 5
+    assert timing.flushed_us(lambda: time.sleep(0.001), "cpu", reps=3) > 500  # on a CPU: median_us

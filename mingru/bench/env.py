@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from mingru.bench.places import REPO
-from mingru.bench.timing import median_us
+from mingru.bench.timing import flushed_us
 
 
 def _version(package):
@@ -60,7 +60,7 @@ def copy_bandwidth(device):
     n = 2**28 if torch.device(device).type == "cuda" else 2**22
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    us = median_us(lambda: dst.copy_(src), device)
+    us = flushed_us(lambda: dst.copy_(src), device)
     del src, dst
     return 2 * n * 4 / us / 1e3
 
@@ -96,7 +96,7 @@ def environment(device, smoke):
         "smoke": smoke,
     }
     record["copy_gbps"] = copy_bandwidth(device)
-    record["copy_method"] = ("dst.copy_(src) of 1 GiB float32, do_bench median, bytes = 2 x size"
+    record["copy_method"] = ("dst.copy_(src) of 1 GiB float32, timing.flushed_us (do_bench median), bytes = 2 x size"
                              if record["device"].startswith("cuda") else
                              "dst.copy_(src) of 16 MiB float32 on the CPU, wall-clock median (smoke run)")
     return record

@@ -143,8 +143,8 @@ def summarize(rows, env):
         "columns": ["competitor", "B", "T", "d", "us", "gpu_us", "peak_mb", "vs_lucidrains_compiled_x",
                     "vs_lucidrains_eager_x", "vs_gru_x", "vs_seed_x", "meets_goal", "status"],
         "notes": ["one training step: forward + backward of a random cotangent into .grad, float32; us = wall "
-                  "clock (do_bench median), gpu_us = kernel durations from a torch.profiler trace, peak_mb = "
-                  "CUDA peak above what was allocated before the step",
+                  "clock per step in a loop of steps (median), gpu_us = kernel durations from a torch.profiler "
+                  "trace, peak_mb = CUDA peak above what was allocated before the step",
                   "vs_*_x = their GPU time / ours (above 1: ours faster); the seed runs in its own process",
                   f"meets_goal: {GOAL}",
                   "shapes short of the goal: " + (", ".join(short) or "none")],

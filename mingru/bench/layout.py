@@ -10,7 +10,7 @@ timed; bytes = a, b read once + A, Bc written once.
 from mingru.bench import cases, kernel_hooks
 from mingru.bench.parity import SKIPPED
 from mingru.bench.progress import Sweep
-from mingru.bench.timing import failure, kernel_us, median_us, scan_impl, within
+from mingru.bench.timing import failure, flushed_us, kernel_us, scan_impl, within
 
 NAME, SUBJECT = "kernel_layout", "layout"
 LAYOUTS = {"sequential walk (CHUNK=1)": dict(chunk=1, segments=1),
@@ -44,7 +44,7 @@ def measure(device, quick, env, keep=lambda name: True):
                         if not within(mingru.linear_scan(a, b), want, 1e-5, 1e-5):
                             raise AssertionError("the forced layout disagrees with the automatic one")
                         call = lambda: mingru.linear_scan(a, b)  # noqa: E731
-                        us, gpu = median_us(call, device, reps=1 if quick else 3), kernel_us(call, device)
+                        us, gpu = flushed_us(call, device, reps=1 if quick else 3), kernel_us(call, device)
                         lay = kernel_hooks.diagonal_plan(B, T, D, a.device)
                 except Exception as exc:  # noqa: BLE001  (a layout that fails is a row, not a crash)
                     rows.append({**row, "status": failure(exc)})
@@ -81,6 +81,6 @@ def summarize(rows, env):
                     "status"],
         "notes": ["linear_scan forward, float32; bytes = a, b read + A, Bc written once",
                   "layouts forced through the kernels' test override hook; CHUNK=1 is the sequential walk",
-                  "us: do_bench wall time (host included); gpu_us: the kernels' own time from a torch.profiler "
-                  "trace; slopes use " + key],
+                  "us: one call behind an L2 flush (timing.flushed_us, do_bench median); gpu_us: the kernels' "
+                  "own time from a torch.profiler trace; slopes use " + key],
     }

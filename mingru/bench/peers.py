@@ -261,7 +261,7 @@ def summarize(rows, env):
         "columns": ["competitor", "B", "T", "D", "dtype", "direction", "us", "gpu_us", "ours_x", "ours_gpu_x",
                     "meets_goal", "err", "status"],
         "losses": losses,
-        "notes": ["us: wall clock per call (do_bench median, host included); gpu_us: the kernels' own time "
+        "notes": ["us: wall clock per call in a loop of calls (median, host included); gpu_us: the kernels' own time "
                   "from a torch.profiler trace",
                   "ours_x / ours_gpu_x = this competitor's time / our fastest op's time at the same shape and "
                   "direction, by wall and by GPU clock (above 1: we are faster)",

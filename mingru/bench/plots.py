@@ -546,7 +546,7 @@ def _layout_kinds(rows):
 
 def layout_slopes(data):
     """Per layout, from the B = 1 length sweep: ns per extra step by GPU clock (inputs stay in L2
-    between the profiled calls) and by wall clock (do_bench flushes L2 before every call, so loads
+    between the profiled calls) and by the flushed clock (timing.flushed_us: L2 flushed before every call, so loads
     come from HBM; the host's per-call cost is a constant the slope removes), the tile, and the tile's
     cost in walk steps next to what a one-round-trip-per-tile model predicts (walk slope / tile)."""
     from mingru.bench.layout import slope

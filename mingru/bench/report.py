@@ -281,7 +281,7 @@ BANDWIDTH_COLUMNS = ["op", "B", "T", "D", "direction", "us", "gpu_us", "pct_copy
 
 def bandwidth_targets(data, shapes):
     """One line per (op, shape, direction) of the goal shapes, measured or not: the share of the copy
-    bandwidth by GPU clock against the goal (meets) and by wall clock (meets_wall)."""
+    bandwidth by GPU clock against the goal (meets) and by the flushed clock, `us` (meets_wall)."""
     found = {(r.get("op"), r.get("B"), r.get("T"), r.get("D"), r.get("direction")): r for r in data["rows"]}
     ops = [op for op in dict.fromkeys(r.get("op") for r in data["rows"]) if op != "all"] or ["(no op measured)"]
     out = []

@@ -9,7 +9,7 @@ import torch
 from mingru.bench import cases
 from mingru.bench.parity import SKIPPED, gate
 from mingru.bench.progress import Sweep
-from mingru.bench.timing import agrees, failure, kernel_us, median_us, scan_impl, wrong
+from mingru.bench.timing import agrees, failure, flushed_us, kernel_us, scan_impl, wrong
 
 NAME, SUBJECT = "roofline", "op"
 # The peers' long shapes and the two long-T targets (B*D = 2048 at T = 16384, B*D = 256 at T = 65536);
@@ -59,7 +59,7 @@ def point(op, B, T, D, direction, device, copy_gbps, quick):
             status = "ok (unchecked: the eager reference ran out of memory)"
         got = want = None  # free both before timing
         with scan_impl("triton"):
-            us = median_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), 1 if quick else 3)
+            us = flushed_us(lambda: cases.step(run, cot), device, run.leaves if cot else (), 1 if quick else 3)
             gus = kernel_us(lambda: cases.step(run, cot), device, run.leaves if cot else ())
     except Exception as exc:  # noqa: BLE001  (a declined or crashed kernel becomes a row)
         return {**row, "us": None, "status": failure(exc)}
@@ -92,5 +92,7 @@ def summarize(rows, env):
         "notes": [f"copy bandwidth measured in this run: {env['copy_gbps']:.0f} GB/s "
                   f"({env['copy_method']})",
                   "bytes: fwd = inputs + outputs; fwd+bwd = 3 x inputs + 2 x outputs (the minimum "
-                  "any implementation must move)"],
+                  "any implementation must move)",
+                  "us: one call behind an L2 flush (timing.flushed_us), inputs read from HBM; gpu_us: the "
+                  "kernels' own time from a torch.profiler trace (inputs warm in L2)"],
     }

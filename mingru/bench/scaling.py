@@ -171,7 +171,7 @@ def model_rows(device, quick, keep):
 
 def _collective_us(step, leaves, reps=REPS):
     """Median of `reps` timed steps, the same count on every rank (an adaptive rep count, as in
-    do_bench, could differ between ranks and leave a collective waiting)."""
+    median_us, could differ between ranks and leave a collective waiting)."""
     times = []
     for _ in range(reps):
         for x in leaves:

@@ -3,7 +3,7 @@
 Ours runs in this process, the seed in a separate one (`seed_runner.py`, the seed's folder first on
 sys.path), both through the same functions on the same tensors: inputs, cotangents and float64
 references (rounded to float32) are made here and handed over in a file. Columns: wall clock
-(do_bench median), GPU clock (kernel durations from a profiler trace), peak memory for the mixers;
+(per call in a loop of calls, median), GPU clock (kernel durations from a profiler trace), peak memory for the mixers;
 ratios are seed / ours. Goal: at least 2x the seed by GPU clock and never slower by wall clock
 (mixers: and peak memory no higher). Without .peers/mingru-scans the seed's columns say "not measured".
 """
@@ -225,8 +225,8 @@ def summarize(rows, env):
                     "seed_status"],
         "notes": ["ours: MINGRU_SCAN=auto in this process; seed: mingru-scans "
                   f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path",
-                  "*_us: wall clock (do_bench median, host included); *_gpu_us: kernel durations from a "
-                  "torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
+                  "*_us: wall clock per call in a loop of calls (median, host included); *_gpu_us: kernel "
+                  "durations from a torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
                   "every side checked against float64 before timing (ops: the eager scan in float64 on the "
                   "same inputs; mixers: the same module in float64, eager); a mismatch is a status, not a time",
                   f"meets_goal: {GOAL}",

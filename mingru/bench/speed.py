@@ -138,15 +138,16 @@ def summarize(rows, env):
     return {
         "compile_backend": backend,
         "compile_pool_s": WARM["seconds"],
-        "method": ("median of triton.testing.do_bench (warm-up, CUDA events, L2 flushed between "
-                   "reps) on fresh random non-zero float32 inputs; fwd = inference under no_grad, "
+        "method": ("wall clock per call in a loop of calls after a warm-up, median of batches "
+                   "(host and GPU overlap as in a training loop; timing.median_us) on fresh random non-zero "
+                   "float32 inputs; fwd = inference under no_grad, "
                    "fwd+bwd = forward + backward of random cotangents on every output into .grad "
-                   "(grads reset each rep); every competitor checked against eager with the parity "
+                   "(grads reset each call); every competitor checked against eager with the parity "
                    "gates before timing" if backend == "inductor" else
                    "CPU smoke run: wall-clock medians of a few calls, not GPU numbers"),
         "columns": ["op", "shape", "dims", "direction", "eager_us", "compile_us", "triton_us",
                     "compile_x", "triton_x", "triton_vs_compile", "triton_gpu_us", "status"],
-        "notes": ["*_us: wall time per call from do_bench (includes the host's Python and launch cost); "
+        "notes": ["*_us: wall time per call in a loop of calls (includes the host's Python and launch cost); "
                   "triton_gpu_us: GPU time of the Triton call alone, host cost removed: its kernels' durations "
                   "summed per call from a torch.profiler CUDA trace (mean of 20 calls, inputs warm in L2)",
                   "*_x = eager time / that competitor's time (higher is faster); "

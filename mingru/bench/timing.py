@@ -30,17 +30,24 @@ def scan_impl(mode):
             os.environ["MINGRU_SCAN"] = old
 
 
-def median_us(fn, device, grad_to_none=(), reps=3):
-    """Median time of one `fn()` in microseconds.
+WALL_WARMUP_S, WALL_S, BATCH_S = 0.025, 0.05, 0.005  # median_us on a GPU: warm-up, timed span, one batch
 
-    GPU: triton's do_bench (25 ms of warm-up, 50 ms of reps timed with CUDA events, L2 flushed
-    before every rep, so inputs never sit in cache). CPU: the median wall clock of `reps` calls (the caller has already run it once).
+
+def median_us(fn, device, grad_to_none=(), reps=3):
+    """Wall-clock time of one `fn()` in microseconds, host included: what a loop of calls pays.
+
+    GPU: the calls run back to back, as a training loop runs them (the host prepares the next call
+    while the GPU works on this one), in batches timed by the host clock from one synchronize to
+    the next, so a call costs the longer of its host work and its GPU work. After WALL_WARMUP_S of
+    calls, batches of about BATCH_S (at least one call) run for about WALL_S (at least three); the
+    median batch's time per call is returned. Inputs stay warm in L2, as in kernel_us. (flushed_us
+    times each call alone behind an L2 flush; the host prepares a call while the flush runs, so it
+    hides up to the flush's GPU time of host work: it is no wall clock for calls that the host
+    bounds.) grad_to_none: tensors whose .grad is cleared before each call.
+    CPU: the median wall clock of `reps` calls (the caller has already run it once).
     """
     if torch.device(device).type == "cuda":
-        from triton.testing import do_bench
-        median, _, _ = do_bench(fn, warmup=25, rep=50, grad_to_none=list(grad_to_none) or None,
-                                quantiles=[0.5, 0.2, 0.8])
-        return median * 1e3
+        return _loop_us(fn, grad_to_none, torch.cuda.synchronize)
     times = []
     for _ in range(reps):
         for x in grad_to_none:
@@ -49,6 +56,39 @@ def median_us(fn, device, grad_to_none=(), reps=3):
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2] * 1e6
+
+
+def _loop_us(fn, grad_to_none, synchronize):
+    """median_us's GPU protocol, with `synchronize` waiting for the device."""
+    def batch(n):
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            for x in grad_to_none:
+                x.grad = None
+            fn()
+        synchronize()
+        return (time.perf_counter() - start) / n
+
+    one = max(batch(1), 1e-7)
+    batch(max(1, int(WALL_WARMUP_S / one)))
+    n = max(1, int(BATCH_S / one))
+    times = sorted(batch(n) for _ in range(max(3, int(WALL_S / (n * one)))))
+    return times[len(times) // 2] * 1e6
+
+
+def flushed_us(fn, device, grad_to_none=(), reps=3):
+    """Time of one `fn()` alone, its inputs read from DRAM, in microseconds: triton's do_bench (25
+    ms of warm-up, 50 ms of calls, each behind an L2 flush and timed with CUDA events; the median).
+    The host's work hides behind the flush up to the flush's own GPU time, so a call that the host
+    does not bound is timed with its launch gaps and cold caches: the clock for bandwidth. CPU: as
+    median_us."""
+    if torch.device(device).type != "cuda":
+        return median_us(fn, device, grad_to_none, reps)
+    from triton.testing import do_bench
+    median, _, _ = do_bench(fn, warmup=25, rep=50, grad_to_none=list(grad_to_none) or None,
+                            quantiles=[0.5, 0.2, 0.8])
+    return median * 1e3
 
 
 TRACE_BUDGET_S = 0.05  # wall time of the calls one profiler trace records, at most (beyond one call)
