@@ -2,8 +2,9 @@
 its stacked form) vs the float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
-shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the two-pass
-time split that the GPU picks for small B*D.
+shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the time
+splits the GPU picks for small B*D: the backward's two passes, and the forward's single look-back
+pass (one tile per program, LOOKBACK below) as well as its two-pass form.
 Tolerances: float32 accumulates in float32 over T <= 64 steps, a few ulps per step, so 1e-5 abs /
 1e-4 rel; bfloat16 rounds the outputs (and the saved outputs the backward reads) to 8 bits, so 2e-2.
 """
@@ -102,22 +103,53 @@ def test_matches_float64_reference(name, T, tile, segments, dtype, device):
     _check(name, inputs, TOL[dtype], (tile, segments))
 
 
+def LOOKBACK(tile):
+    """The forced layout of the forward's single pass: one tile of `tile` steps per program."""
+    return (tile, 0, 0, True)
+
+
+# (T, forced tile) of the single pass: one tile, a partial last tile, many tiles (and a tile of 1)
+LOOKBACK_CASES = [(1, 0), (37, 8), (64, 4), (6, 1)]
+
+
+@pytest.mark.parametrize("T,tile", LOOKBACK_CASES, ids=[f"T{t}-tile{c or 'auto'}" for t, c in LOOKBACK_CASES])
 @pytest.mark.parametrize("name", list(OPS))
-def test_wide_d_and_noncontiguous_inputs(name, device):
+def test_single_pass_forward(name, T, tile, device):
+    """The look-back forward (every segment's carry from the published aggregates and prefixes of
+    the ones before it), with the two-pass backward."""
+    with layout.forced_layout(*LOOKBACK(tile)):
+        lay = layout.diagonal(2, T, 5, torch.device(device), "forward", "rec")
+    assert lay.lookback and lay.seg_len == lay.tile and lay.segments * lay.tile >= T
+    _check(name, _case_inputs(name, 2, T, 5, torch.float32, device), TOL[torch.float32], LOOKBACK(tile))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bfloat16", "float64"])
+def test_single_pass_forward_dtypes(dtype, device):
+    """bfloat16 inputs scan in float32; float64 ones take the two passes (the single pass publishes
+    float32 states)."""
+    inputs = _case_inputs("gated_recurrence-stacked-bias", 2, 37, 5, dtype, device)
+    _check("gated_recurrence-stacked-bias", inputs, TOL[dtype], LOOKBACK(8))
+
+
+@pytest.mark.parametrize("forced", [(4, 2), LOOKBACK(4)], ids=["two-pass", "lookback"])
+@pytest.mark.parametrize("name", list(OPS))
+def test_wide_d_and_noncontiguous_inputs(name, forced, device):
     """D spanning two channel blocks, inputs given as transposed views."""
     inputs = _case_inputs(name, 1, 9, 70, torch.float32, device, seed=3)
     inputs = [x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 3 else x for x in inputs]
     assert not inputs[0].is_contiguous()
-    _check(name, inputs, TOL[torch.float32], (4, 2))
+    _check(name, inputs, TOL[torch.float32], forced)
 
 
+@pytest.mark.parametrize("forced", [(4, 13), LOOKBACK(4)], ids=["two-pass", "lookback"])
 @pytest.mark.parametrize("name", list(OPS))
-def test_many_segments(name, device):
-    """Thirteen segments: each folds the aggregates of every earlier (forward) or later (backward) one."""
+def test_many_segments(name, forced, device):
+    """Thirteen segments: each folds the aggregates of every earlier (forward) or later (backward)
+    one; in the look-back forward each waits on and walks back over the ones before it."""
     inputs = _case_inputs(name, 2, 52, 3, torch.float32, device, seed=11)
-    with layout.forced_layout(tile=4, segments=13):
+    with layout.forced_layout(*forced):
         assert layout.diagonal(2, 52, 3, inputs[0].device, "forward", "rec").segments == 13
-    _check(name, inputs, TOL[torch.float32], (4, 13))
+    _check(name, inputs, TOL[torch.float32], forced)
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -145,34 +177,43 @@ def test_zero_coefficients(name, device):
     _check(name, inputs, TOL[torch.float32], (4, 2))
 
 
-@pytest.mark.parametrize("tile,segments", [(0, 0), (2, 0), (2, 3)], ids=["tile-auto", "tile2", "tile2-seg3"])
-def test_log_scan_carry_beyond_float32(tile, segments, device):
+@pytest.mark.parametrize("forced", [(0, 0), (2, 0), (2, 3), LOOKBACK(2)],
+                         ids=["tile-auto", "tile2", "tile2-seg3", "lookback"])
+def test_log_scan_carry_beyond_float32(forced, device):
     """h0 = e^100 overflows float32 but h_1 = e^100 e^-30 does not: the carry must stay in log form."""
     lc, lv = _inputs("parallel_scan_log", 1, 9, 4, torch.float32, device, seed=7)
     lv[:, 0] = 100.0
     lc[:, 0] = -30.0
     lc[:, 1] = -10.0
-    with layout.forced_layout(tile, segments):
+    with layout.forced_layout(*forced):
         h = mingru.parallel_scan_log(lc, lv)
     assert torch.isfinite(h).all()
-    _check("parallel_scan_log", [lc, lv], dict(atol=1e-5, rtol=1e-5), (tile, segments))
+    _check("parallel_scan_log", [lc, lv], dict(atol=1e-5, rtol=1e-5), forced)
 
 
-@pytest.mark.parametrize("tile,segments", [(0, 0), (2, 3)], ids=["tile-auto", "tile2-seg3"])
-def test_log_scan_zero_initial_state(tile, segments, device):
+@pytest.mark.parametrize("forced", [(0, 0), (2, 3), LOOKBACK(2)], ids=["tile-auto", "tile2-seg3", "lookback"])
+def test_log_scan_zero_initial_state(forced, device):
     """log h0 = -inf means h0 = 0: outputs and gradients stay finite."""
     lc, lv = _inputs("parallel_scan_log", 2, 8, 5, torch.float32, device, seed=9)
     lv[:, 0] = float("-inf")
-    _check("parallel_scan_log", [lc, lv], TOL[torch.float32], (tile, segments))
+    _check("parallel_scan_log", [lc, lv], TOL[torch.float32], forced)
 
 
 def test_plan_splits_time_only_for_small_b_times_d():
-    tiles = layout.DIAGONAL_TILES["forward", "scan"]
-    assert layout._diagonal(16, 1024, 1024, 132, tiles, (0, 0, 0)).segments == 1
-    lay = layout._diagonal(2, 16384, 1024, 132, tiles, (0, 0, 0))
-    assert lay.segments > 1 and lay.seg_len % lay.tile == 0
+    tiles, auto = layout.DIAGONAL_TILES["backward", "scan"], (0, 0, 0, False)
+    assert layout._diagonal(16, 1024, 1024, 132, tiles, auto).segments == 1
+    lay = layout._diagonal(2, 16384, 1024, 132, tiles, auto)
+    assert lay.segments > 1 and lay.seg_len % lay.tile == 0 and not lay.lookback
     assert (lay.segments - 1) * lay.seg_len < 16384 <= lay.segments * lay.seg_len
-    assert layout._diagonal(2, 16384, 1024, 0, tiles, (0, 0, 0)).segments == 1  # no SMs known: no split
+    assert layout._diagonal(2, 16384, 1024, 0, tiles, auto).segments == 1  # no SMs known: no split
+
+
+def test_a_forward_split_is_the_single_pass():
+    tiles, auto = layout.DIAGONAL_TILES["forward", "scan"], (0, 0, 0, False)
+    assert not layout._diagonal(16, 1024, 1024, 132, tiles, auto, "scan").lookback
+    lay = layout._diagonal(2, 16384, 1024, 132, tiles, auto, "scan")
+    assert lay.lookback and lay.seg_len == lay.tile and lay.segments == -(-16384 // lay.tile)
+    assert not layout._diagonal(2, 16384, 1024, 132, tiles, (0, 8, 0, False), "scan").lookback  # forced two-pass
 
 
 def test_forced_layout_sets_tile_and_segments():

@@ -10,6 +10,7 @@ from typing import NamedTuple
 class Layout(NamedTuple):
     chunk: int     # time steps a program loads and combines together (the planner's tile)
     segments: int  # programs along time
+    single_pass: bool = False  # the forward's look-back pass: one tile per segment, inputs read once
 
 
 
@@ -22,7 +23,7 @@ def forced_layout(chunk=0, segments=0):
 
 
 def diagonal_plan(B, T, D, device=None, sms=None):
-    """The diagonal planner's forward layout for a (B, T, D) problem, as (chunk, segments).
+    """The diagonal planner's forward layout for a (B, T, D) problem, as (chunk, segments, single_pass).
 
     `sms` asks for the plan on a GPU with that many SMs instead of `device`'s (the planner is a pure
     function of the shape and the SM count, so another card's plan can be drawn on this one).
@@ -32,8 +33,8 @@ def diagonal_plan(B, T, D, device=None, sms=None):
         plan = layout.diagonal(B, T, D, device, "forward", "scan")
     else:
         plan = layout._diagonal(int(B), int(T), int(D), int(sms), layout.DIAGONAL_TILES["forward", "scan"],
-                                (0, 0, 0))
-    return Layout(plan.tile, plan.segments)
+                                (0, 0, 0, False), "scan")
+    return Layout(plan.tile, plan.segments, plan.lookback)
 
 
 def allow_tf32_dots(allow=True):
@@ -76,7 +77,7 @@ def matrix_plan(B, T, n, k, v, sms, direction="forward", prefix=True):
     matrix_recurrence)."""
     from mingru.kernels import layout
     width = v + k + (k if direction == "backward" and prefix else 0)
-    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0))
+    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0, False), "scan")
 
 
 def rotation_plan(T, layers, k, itemsize, backward=False):

@@ -50,7 +50,8 @@ def measure(device, quick, env, keep=lambda name: True):
                     rows.append({**row, "status": failure(exc)})
                     continue
                 gbytes = 4 * a.numel() * a.element_size() / 1e9
-                rows.append({**row, "chunk": lay.chunk, "segments": lay.segments, "us": us, "gpu_us": gpu,
+                rows.append({**row, "chunk": lay.chunk, "segments": lay.segments, "single_pass": lay.single_pass,
+                             "us": us, "gpu_us": gpu,
                              "gbps": gbytes / (us * 1e-6), "gpu_gbps": gpu and gbytes / (gpu * 1e-6),
                              "status": "ok"})
     return rows

@@ -575,9 +575,10 @@ def layout_model(data, l2_bytes=None):
     """Each timed row against a cost model built from the length sweep and the copy bandwidth:
 
     one program's time = steps it walks x the layout's measured cost per step (the walk's for CHUNK = 1,
-    the chunk loop's otherwise; a time split walks seg_len steps, pays half a step more for the first
-    pass and one walk step per earlier segment folded into its carry); the GPU's time is at least
-    bytes / copy bandwidth (x 1.5 with a split: the inputs are read twice). Each row gets the prediction
+    the chunk loop's otherwise; a two-pass time split walks seg_len steps, pays half a step more for
+    the first pass and one walk step per earlier segment folded into its carry; a single-pass program
+    scans its one tile, its waits on earlier tiles unmodelled); the GPU's time is at least
+    bytes / copy bandwidth (x 1.5 with a two-pass split: the inputs are read twice). Each row gets the prediction
     with the per-step costs of data in L2 (GPU clock) and from HBM (wall clock); `cache` picks by the
     working set when `l2_bytes` is known, else the nearer of the two; `bound` says which term is larger."""
     import math
@@ -591,7 +592,8 @@ def layout_model(data, l2_bytes=None):
     for r in rows:
         kind = kinds[r["layout"]]
         byte_count = r["gbps"] * 1e9 * r["us"] * 1e-6  # the harness's bytes (inputs read + outputs written once)
-        split = r["segments"] > 1
+        single = r.get("single_pass", False)
+        split = r["segments"] > 1 and not single
         floor = byte_count * (1.5 if split else 1) / (bw * 1e3) if bw else 0.0  # µs
         pred = {}
         for cache, key in (("L2", "ns/step GPU clock (L2)"), ("HBM", "ns/step wall clock (HBM)")):
@@ -599,7 +601,8 @@ def layout_model(data, l2_bytes=None):
             if step is None or walk.get(key) is None:
                 continue
             seg_len = math.ceil(r["T"] / r["segments"])
-            program = (1.5 * seg_len * step + (r["segments"] - 1) * walk[key]) if split else r["T"] * step
+            program = (1.5 * seg_len * step + (r["segments"] - 1) * walk[key]) if split else \
+                (r["chunk"] if single else r["T"]) * step
             pred[cache] = max(program * 1e-3, floor)
             bound = "bandwidth" if floor >= program * 1e-3 else "program"
         if not pred:

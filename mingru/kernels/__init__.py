@@ -7,12 +7,16 @@ Vocabulary, one meaning each in every module here:
              rotation).
   block      the lanes one program owns (BLOCK).
   segment    the time range one program walks. With more than one, a first pass writes each
-             segment's aggregate and the second folds the earlier aggregates into its carry.
+             segment's aggregate and the second folds the earlier aggregates into its carry; or,
+             in the diagonal forward's single pass (one tile per segment), each segment publishes
+             its aggregate and then its inclusive prefix, and takes its carry from the segments
+             before it by looking back over theirs.
   tile       the time steps a program loads and combines together inside its segment (TILE).
   injection  x_t, the additive term of h_t = a_t h_{t-1} + x_t (b, X, Bm, u, e^{log_values}).
   prefix     the scans' pair (Abar_t, Bbar_t): Abar_t = a_t ... a_1, Bbar_t = the state from zero,
              so that h_t = Abar_t h_0 + Bbar_t.
-  plan       a `layout.Plan`: block, tile, segments, seg_len, warps, stages; made by `layout` only.
+  plan       a `layout.Plan`: block, tile, segments, seg_len, warps, stages, prefetch, lookback;
+             made by `layout` only.
 
 Modules: `common` (envelope check, TF32 switch, op registration with its autograd glue),
 `layout` (the planner and `forced_layout`, the one override for tests and harnesses),

@@ -19,7 +19,10 @@ the launcher adds up, so no (B, T, 2D) gradient is read again to reduce it.
 Layout (`layout.diagonal`): one program per (block of channels, batch row, time segment) walks its segment in
 tiles of TILE steps, scanning each tile with tl.associative_scan and carrying the state across
 tiles in registers. With more than one segment a first pass writes each segment's aggregate and
-the second pass folds the aggregates of the earlier segments into its starting carry.
+the second pass folds the aggregates of the earlier segments into its starting carry. The forward
+replaces those two passes by one (`_lookback_kernel`, when the plan says `lookback`): one tile per
+program, each tile's carry from the published aggregates and prefixes of the tiles before it, so the
+inputs are read once. Its states are float32 packed beside their flags; float64 keeps two passes.
 """
 from typing import Optional
 
@@ -28,8 +31,8 @@ import triton
 import triton.language as tl
 
 from mingru.kernels import layout
-from mingru.kernels.common import cdiv, check_envelope, launch, scan_op
-from mingru.kernels.core import carry_scan, log_add_exp, state_scan
+from mingru.kernels.common import cdiv, check_envelope, launch, planned, scan_op
+from mingru.kernels.core import affine_combine, carry_scan, last_row, log_add_exp, state_scan
 
 SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
@@ -195,6 +198,128 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
 
 
 @triton.jit
+def _entry(x_ptr, y_ptr, h0_ptr, b, cols, cmask, D, lv_base, MODE: tl.constexpr, HAS_H0: tl.constexpr,
+           F64: tl.constexpr):
+    """The state before step 0 as a prefix pair: (1, h0 or 0); LOG: in log form, (0, log h0)."""
+    if MODE == LOG:
+        carry_a = _acc(tl.zeros(cols.shape, tl.float32), F64)
+        carry_b = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+    else:
+        carry_a = _acc(tl.full(cols.shape, 1.0, tl.float32), F64)
+        carry_b = _acc(tl.zeros(cols.shape, tl.float32), F64)
+        if HAS_H0:
+            carry_b = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
+    return carry_a, carry_b
+
+
+@triton.jit
+def _then(a1, b1, a2, b2, MODE: tl.constexpr):
+    """(a1, b1) then (a2, b2): `affine_combine`, or in log form (LOG) its image under log."""
+    if MODE == LOG:
+        a, b = a1 + a2, log_add_exp(a2 + b1, b2)
+    else:
+        a, b = affine_combine(a1, b1, a2, b2)
+    return a, b
+
+
+@triton.jit
+def _publish(slot_ptr, slot_stride, a, b, cmask, FLAG: tl.constexpr):
+    """Write a pair with its flag (1: a segment's aggregate, 2: its inclusive prefix), each float32
+    in one 64-bit word beside the flag, written and read by 64-bit atomics (a plain vector access
+    may split a word): a reader sees a value and its flag together or neither, with no fence and
+    no barrier. The inclusive prefix overwrites the aggregate."""
+    tl.atomic_xchg(slot_ptr, _pack(a, FLAG), mask=cmask, sem="relaxed")
+    tl.atomic_xchg(slot_ptr + slot_stride, _pack(b, FLAG), mask=cmask, sem="relaxed")
+
+
+@triton.jit
+def _pack(v, FLAG: tl.constexpr):
+    return v.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64) | (FLAG << 32)
+
+
+@triton.jit
+def _unpack(w):
+    return (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), w >> 32
+
+
+@triton.jit
+def _look_back(slot_ptr, slot_stride, seg, D, entry_a, entry_b, cmask, MODE: tl.constexpr):
+    """The carry into segment `seg`, per lane: walk back over the segments before it, folding each
+    one's aggregate until one shows its inclusive prefix (or the walk passes segment 0, whose carry
+    is the entry state); a segment that shows neither yet is read again. Every segment before
+    `seg` holds a lower ticket, so it is running or done."""
+    if MODE == LOG:
+        acc_a = tl.zeros(entry_a.shape, tl.float32)
+        acc_b = tl.full(entry_b.shape, float("-inf"), tl.float32)
+    else:
+        acc_a = tl.full(entry_a.shape, 1.0, tl.float32)
+        acc_b = tl.zeros(entry_b.shape, tl.float32)
+    base_a, base_b = entry_a, entry_b
+    j = tl.where(cmask, seg - 1, -1)
+    go = seg > 0
+    while go:
+        live = j >= 0
+        got_a, flag_a = _unpack(tl.atomic_add(slot_ptr + j * D, 0, mask=live, sem="relaxed"))
+        got_b, flag_b = _unpack(tl.atomic_add(slot_ptr + slot_stride + j * D, 0, mask=live, sem="relaxed"))
+        whole = live & (flag_a == 2) & (flag_b == 2)
+        part = live & (flag_a == 1) & (flag_b == 1)
+        base_a, base_b = tl.where(whole, got_a, base_a), tl.where(whole, got_b, base_b)
+        fold_a, fold_b = _then(got_a, got_b, acc_a, acc_b, MODE)
+        acc_a, acc_b = tl.where(part, fold_a, acc_a), tl.where(part, fold_b, acc_b)
+        j = tl.where(whole, -1, tl.where(part, j - 1, j))
+        go = tl.max(j, 0) >= 0
+    return _then(base_a, base_b, acc_a, acc_b, MODE)
+
+
+@triton.jit
+def _lookback_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, slot_ptr, T, D, SX, segments,
+                     MODE: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """The forward in one pass, one tile per program (float32 state): scan the tile from the
+    identity, publish its aggregate, take the carry from the tiles before it (`_look_back`),
+    publish the inclusive prefix, then write the outputs. Programs take their (lanes, batch row,
+    tile) in ticket order (slot_ptr[4 B segments D] counts them out), tiles in time order, so a
+    program waits only on earlier tickets."""
+    n = tl.num_programs(0)
+    lanes = tl.cdiv(D, BLOCK)
+    per_seg = n // segments
+    slot_stride = per_seg // lanes * segments * D  # slots (2, B, segments, D), then the ticket counter
+    ticket = tl.atomic_add(slot_ptr + 2 * slot_stride, 1).to(tl.int32)
+    seg = ticket // per_seg
+    b = ((ticket % per_seg) // lanes).to(tl.int64)
+    cols = (ticket % lanes) * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < D
+    base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
+    y_base = lv_base + D if MODE == LOG else x_base
+    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, False)
+    offs, in_offs, mask = _tile_offsets(seg * TILE, T, cols, cmask, D, SX, TILE)
+    x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE, HAS_BIAS, False)
+    if MODE == LOG:
+        lc = tl.cumsum(x, 0)  # log of the tile's running product of coefficients
+        x, y = tl.exp(x), tl.exp(y)
+    a_loc, b_loc = tl.associative_scan((x, y), 0, affine_combine)
+    agg_a, agg_b = last_row(a_loc), last_row(b_loc)
+    if MODE == LOG:
+        agg_a, agg_b = last_row(lc), tl.log(agg_b)
+
+    slot = slot_ptr + b * segments * D + cols
+    if seg > 0:
+        _publish(slot + seg * D, slot_stride, agg_a, agg_b, cmask, 1)
+    entry_a, entry_b = _entry(x_ptr, y_ptr, h0_ptr, b, cols, cmask, D, lv_base, MODE, HAS_H0, False)
+    carry_a, carry_b = _look_back(slot, slot_stride, seg, D, entry_a, entry_b, cmask, MODE)
+    incl_a, incl_b = _then(carry_a, carry_b, agg_a, agg_b, MODE)
+    _publish(slot + seg * D, slot_stride, incl_a, incl_b, cmask, 2)
+
+    if MODE == LOG:
+        h = tl.exp(lc + carry_b[None, :]) + b_loc
+    else:
+        h = a_loc * carry_b[None, :] + b_loc
+        if MODE == SCAN:
+            tl.store(out_a_ptr + base + offs, (a_loc * carry_a[None, :]).to(out_a_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_h_ptr + base + offs, h.to(out_h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
                  x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE: tl.constexpr,
                  HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
@@ -332,47 +457,68 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
             tl.store(row + D, dbias_c, mask=cmask)
 
 
-def _launch(kernel, mode, direction, x, n_agg, tensors, has_h0, stacked=False, bias=None):
-    """Run `kernel` over the plan: the aggregate pass first when time is split. x (B, T, D), or with
-    `stacked` GATE's (B, T, 2D) rows of k | cand (the inputs' row stride is then 2D) and its bias
-    (2D,) or None. Returns the backward's bias-gradient partials (B, segments, 2D) when it has a bias."""
-    B, T, D = x.shape
+@planned
+def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forced):
+    """What a launch of `direction`'s kernels in MODE `mode` (its value) for inputs of `shape`
+    (B, T, D; with `stacked`, GATE's (B, T, 2D) rows of k | cand) needs besides its tensors:
+    (kernel, grid, arguments, shape of the aggregate buffer or None, shape of the bias partials or
+    None, whether the aggregate pass runs first). forced is layout's forced layout, which the
+    planner reads: it keys the memo."""
+    B, T, D = shape
     if stacked:
         D //= 2
-    lay = layout.diagonal(B, T, D, x.device, direction, FORMS[mode.value])
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    agg = x
-    if lay.segments > 1:
-        agg = torch.empty(n_agg, B, lay.segments, D, dtype=acc, device=x.device)
-    args = dict(tensors, bias_ptr=x if bias is None else bias, agg_ptr=agg, T=T, D=D, SX=2 * D if stacked else D,
-                seg_len=lay.seg_len, segments=lay.segments, MODE=mode.value, HAS_H0=has_h0,
-                HAS_BIAS=bias is not None, F64=acc == torch.float64, TILE=lay.tile, BLOCK=lay.block,
-                num_warps=lay.warps, num_stages=lay.stages)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    form = FORMS[mode]
+    lay = layout.diagonal(B, T, D, device, direction, form, single_pass=acc == torch.float32)
+    args = dict(T=T, D=D, SX=2 * D if stacked else D, MODE=mode, HAS_H0=has_h0, HAS_BIAS=has_bias,
+                TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps)
+    if lay.lookback:  # zeroed 64-bit slots (2, B, segments, D) and the ticket counter
+        programs = cdiv(D, lay.block) * B * lay.segments
+        return (_lookback_kernel, (programs,), dict(args, segments=lay.segments), (2 * B * lay.segments * D + 1,),
+                None, False)
+    args.update(seg_len=lay.seg_len, segments=lay.segments, F64=acc == torch.float64, num_stages=lay.stages)
+    n_agg = 3 if mode == SCAN.value and direction == "backward" else 2
+    agg = (n_agg, B, lay.segments, D) if lay.segments > 1 else None
     partials = None
     if direction == "forward":
         args["PREFETCH"] = lay.prefetch
-    else:
-        partials = None if bias is None else torch.empty(B, lay.segments, 2 * D, dtype=acc, device=x.device)
-        args["dbias_ptr"] = x if partials is None else partials
-    grid = (cdiv(D, lay.block), B, lay.segments)
-    if lay.segments > 1:
-        launch(kernel, grid, args, AGG_PASS=True)
-    launch(kernel, grid, args, AGG_PASS=False)
+    elif has_bias:
+        partials = (B, lay.segments, 2 * D)
+    kernel = _forward_kernel if direction == "forward" else _backward_kernel
+    return kernel, (cdiv(D, lay.block), B, lay.segments), args, agg, partials, lay.segments > 1
+
+
+def _launch(mode, direction, x, tensors, has_h0, stacked=False, bias=None):
+    """Run `direction`'s kernels over the plan (the aggregate pass first when time is split in two
+    passes). x (B, T, D), or with `stacked` GATE's (B, T, 2D) rows of k | cand and its bias (2D,)
+    or None. Returns the backward's bias-gradient partials (B, segments, 2D) when it has a bias."""
+    kernel, grid, args, agg, partials, two_pass = _plan(mode.value, direction, x.shape, stacked, has_h0,
+                                                        bias is not None, x.dtype, x.device, layout._forced)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    more = dict(tensors, bias_ptr=x if bias is None else bias)
+    if kernel is _lookback_kernel:
+        launch(kernel, grid, args, slot_ptr=torch.zeros(agg, dtype=torch.int64, device=x.device), **more)
+        return None
+    more["agg_ptr"] = x if agg is None else torch.empty(agg, dtype=acc, device=x.device)
+    if direction == "backward":
+        partials = None if partials is None else torch.empty(partials, dtype=acc, device=x.device)
+        more["dbias_ptr"] = x if partials is None else partials
+    if two_pass:
+        launch(kernel, grid, args, AGG_PASS=True, **more)
+    launch(kernel, grid, args, AGG_PASS=False, **more)
     return partials
 
 
 def _forward(mode, x, y, h0, out_a, out_h, stacked=False, bias=None):
-    _launch(_forward_kernel, mode, "forward", x, 2, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0,
-                                                         out_a_ptr=out_a, out_h_ptr=out_h), h0 is not None,
-            stacked, bias)
+    _launch(mode, "forward", x, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, out_a_ptr=out_a,
+                                     out_h_ptr=out_h), h0 is not None, stacked, bias)
 
 
 def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, stacked=False, bias=None):
     """Fill the input gradients dx, dy, dh0; returns the bias's gradient (summed partials) if `bias`."""
     tensors = dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, g_ptr=g, ga_ptr=ga, out_h_ptr=out_h,
                    out_a_ptr=out_a, dx_ptr=dx, dy_ptr=dy, dh0_ptr=dh0)
-    partials = _launch(_backward_kernel, mode, "backward", x, 3 if mode is SCAN else 2, tensors, h0 is not None,
-                       stacked, bias)
+    partials = _launch(mode, "backward", x, tensors, h0 is not None, stacked, bias)
     return None if partials is None else partials.sum((0, 1)).to(bias.dtype)
 
 
