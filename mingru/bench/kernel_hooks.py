@@ -33,7 +33,7 @@ def diagonal_plan(B, T, D, device=None, sms=None):
         plan = layout.diagonal(B, T, D, device, "forward", "scan")
     else:
         plan = layout._diagonal(int(B), int(T), int(D), int(sms), layout.DIAGONAL_TILES["forward", "scan"],
-                                (0, 0, 0, False), "scan")
+                                (0, 0, 0, False), layout.LOOKBACK_TILES["forward", "scan"])
     return Layout(plan.tile, plan.segments, plan.lookback)
 
 
@@ -77,7 +77,7 @@ def matrix_plan(B, T, n, k, v, sms, direction="forward", prefix=True):
     matrix_recurrence)."""
     from mingru.kernels import layout
     width = v + k + (k if direction == "backward" and prefix else 0)
-    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0, False), "scan")
+    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0, False))
 
 
 def rotation_plan(T, layers, k, itemsize, backward=False):

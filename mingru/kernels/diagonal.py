@@ -213,23 +213,15 @@ def _entry(x_ptr, y_ptr, h0_ptr, b, cols, cmask, D, lv_base, MODE: tl.constexpr,
 
 
 @triton.jit
-def _then(a1, b1, a2, b2, MODE: tl.constexpr):
-    """(a1, b1) then (a2, b2): `affine_combine`, or in log form (LOG) its image under log."""
-    if MODE == LOG:
+def _then(a1, b1, m1, a2, b2, m2, LOG_FORM: tl.constexpr):
+    """(a1, b1) then (a2, b2): `affine_combine`, or in log form its image under log; m, a second
+    offset beside b under the same coefficients (SCAN's backward carries two adjoints), follows
+    b's rule in linear space."""
+    if LOG_FORM:
         a, b = a1 + a2, log_add_exp(a2 + b1, b2)
     else:
         a, b = affine_combine(a1, b1, a2, b2)
-    return a, b
-
-
-@triton.jit
-def _publish(slot_ptr, slot_stride, a, b, cmask, FLAG: tl.constexpr):
-    """Write a pair with its flag (1: a segment's aggregate, 2: its inclusive prefix), each float32
-    in one 64-bit word beside the flag, written and read by 64-bit atomics (a plain vector access
-    may split a word): a reader sees a value and its flag together or neither, with no fence and
-    no barrier. The inclusive prefix overwrites the aggregate."""
-    tl.atomic_xchg(slot_ptr, _pack(a, FLAG), mask=cmask, sem="relaxed")
-    tl.atomic_xchg(slot_ptr + slot_stride, _pack(b, FLAG), mask=cmask, sem="relaxed")
+    return a, b, a2 * m1 + m2
 
 
 @triton.jit
@@ -243,32 +235,74 @@ def _unpack(w):
 
 
 @triton.jit
-def _look_back(slot_ptr, slot_stride, seg, D, entry_a, entry_b, cmask, MODE: tl.constexpr):
-    """The carry into segment `seg`, per lane: walk back over the segments before it, folding each
-    one's aggregate until one shows its inclusive prefix (or the walk passes segment 0, whose carry
-    is the entry state); a segment that shows neither yet is read again. Every segment before
-    `seg` holds a lower ticket, so it is running or done."""
-    if MODE == LOG:
+def _publish(slot_ptr, slot_stride, a, b, m, cmask, FLAG: tl.constexpr, THIRD: tl.constexpr):
+    """Write a segment's (a, b[, m]) with its flag (1: the aggregate, 2: the inclusive prefix),
+    each float32 in one 64-bit word beside the flag, written and read by 64-bit atomics (a plain
+    vector access may split a word): a reader sees a value and its flag together or neither, with
+    no fence and no barrier. The inclusive prefix overwrites the aggregate."""
+    tl.atomic_xchg(slot_ptr, _pack(a, FLAG), mask=cmask, sem="relaxed")
+    tl.atomic_xchg(slot_ptr + slot_stride, _pack(b, FLAG), mask=cmask, sem="relaxed")
+    if THIRD:
+        tl.atomic_xchg(slot_ptr + 2 * slot_stride, _pack(m, FLAG), mask=cmask, sem="relaxed")
+
+
+@triton.jit
+def _read(slot_ptr, slot_stride, j, D, live, THIRD: tl.constexpr):
+    """Segment j's published values and whether all of them show flag 2, or all flag 1."""
+    got_a, flag_a = _unpack(tl.atomic_add(slot_ptr + j * D, 0, mask=live, sem="relaxed"))
+    got_b, flag_b = _unpack(tl.atomic_add(slot_ptr + slot_stride + j * D, 0, mask=live, sem="relaxed"))
+    whole, part = (flag_a == 2) & (flag_b == 2), (flag_a == 1) & (flag_b == 1)
+    got_m = tl.zeros_like(got_b)
+    if THIRD:
+        got_m, flag_m = _unpack(tl.atomic_add(slot_ptr + 2 * slot_stride + j * D, 0, mask=live, sem="relaxed"))
+        whole, part = whole & (flag_m == 2), part & (flag_m == 1)
+    return got_a, got_b, got_m, live & whole, live & part
+
+
+@triton.jit
+def _look_back(slot_ptr, slot_stride, seg, end, D, entry_a, entry_b, entry_m, cmask, LOG_FORM: tl.constexpr,
+               THIRD: tl.constexpr, STEP: tl.constexpr):
+    """The carry into segment `seg`, per lane: walk over the segments before it in the scan's
+    direction (STEP -1: time order, down to 0; +1: reverse time, up to the last; `end` is one past
+    the walk's last segment), folding each one's aggregate until one shows its inclusive prefix
+    (or the walk passes the first segment, whose carry is the entry state); a segment that shows
+    neither yet is read again. Every segment before `seg` holds a lower ticket, so it is running
+    or done."""
+    if LOG_FORM:
         acc_a = tl.zeros(entry_a.shape, tl.float32)
         acc_b = tl.full(entry_b.shape, float("-inf"), tl.float32)
     else:
         acc_a = tl.full(entry_a.shape, 1.0, tl.float32)
         acc_b = tl.zeros(entry_b.shape, tl.float32)
-    base_a, base_b = entry_a, entry_b
-    j = tl.where(cmask, seg - 1, -1)
-    go = seg > 0
+    acc_m = tl.zeros(entry_m.shape, tl.float32)
+    base_a, base_b, base_m = entry_a, entry_b, entry_m
+    j = tl.where(cmask, seg + STEP, end)
+    go = seg + STEP != end
     while go:
-        live = j >= 0
-        got_a, flag_a = _unpack(tl.atomic_add(slot_ptr + j * D, 0, mask=live, sem="relaxed"))
-        got_b, flag_b = _unpack(tl.atomic_add(slot_ptr + slot_stride + j * D, 0, mask=live, sem="relaxed"))
-        whole = live & (flag_a == 2) & (flag_b == 2)
-        part = live & (flag_a == 1) & (flag_b == 1)
-        base_a, base_b = tl.where(whole, got_a, base_a), tl.where(whole, got_b, base_b)
-        fold_a, fold_b = _then(got_a, got_b, acc_a, acc_b, MODE)
-        acc_a, acc_b = tl.where(part, fold_a, acc_a), tl.where(part, fold_b, acc_b)
-        j = tl.where(whole, -1, tl.where(part, j - 1, j))
-        go = tl.max(j, 0) >= 0
-    return _then(base_a, base_b, acc_a, acc_b, MODE)
+        got_a, got_b, got_m, whole, part = _read(slot_ptr, slot_stride, j, D, j != end, THIRD)
+        base_a, base_b, base_m = tl.where(whole, got_a, base_a), tl.where(whole, got_b, base_b), \
+            tl.where(whole, got_m, base_m)
+        fold_a, fold_b, fold_m = _then(got_a, got_b, got_m, acc_a, acc_b, acc_m, LOG_FORM)
+        acc_a, acc_b, acc_m = tl.where(part, fold_a, acc_a), tl.where(part, fold_b, acc_b), \
+            tl.where(part, fold_m, acc_m)
+        j = tl.where(whole, end, tl.where(part, j + STEP, j))
+        go = tl.max((j != end).to(tl.int32), 0) > 0
+    return _then(base_a, base_b, base_m, acc_a, acc_b, acc_m, LOG_FORM)
+
+
+@triton.jit
+def _ticket(slot_ptr, segments, D, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+    """This program's place in a single pass: programs take tickets in launch order (the counter
+    sits after the slots (WORDS, B, segments, D)); segment-major tickets put every segment a program
+    may wait on before it. Returns (k: the segment's rank in the scan's direction, batch row,
+    channels, slot stride)."""
+    n = tl.num_programs(0)
+    lanes = tl.cdiv(D, BLOCK)
+    per_seg = n // segments
+    slot_stride = per_seg // lanes * segments * D
+    ticket = tl.atomic_add(slot_ptr + WORDS * slot_stride, 1).to(tl.int32)
+    cols = (ticket % lanes) * BLOCK + tl.arange(0, BLOCK)
+    return ticket // per_seg, ((ticket % per_seg) // lanes).to(tl.int64), cols, slot_stride
 
 
 @triton.jit
@@ -278,16 +312,9 @@ def _lookback_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, slot_
     """The forward in one pass, one tile per program (float32 state): scan the tile from the
     identity, publish its aggregate, take the carry from the tiles before it (`_look_back`),
     publish the inclusive prefix, then write the outputs. Programs take their (lanes, batch row,
-    tile) in ticket order (slot_ptr[4 B segments D] counts them out), tiles in time order, so a
-    program waits only on earlier tickets."""
-    n = tl.num_programs(0)
-    lanes = tl.cdiv(D, BLOCK)
-    per_seg = n // segments
-    slot_stride = per_seg // lanes * segments * D  # slots (2, B, segments, D), then the ticket counter
-    ticket = tl.atomic_add(slot_ptr + 2 * slot_stride, 1).to(tl.int32)
-    seg = ticket // per_seg
-    b = ((ticket % per_seg) // lanes).to(tl.int64)
-    cols = (ticket % lanes) * BLOCK + tl.arange(0, BLOCK)
+    tile) in ticket order (`_ticket`), tiles in time order, so a program waits only on earlier
+    tickets."""
+    seg, b, cols, slot_stride = _ticket(slot_ptr, segments, D, BLOCK, 2)
     cmask = cols < D
     base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
     y_base = lv_base + D if MODE == LOG else x_base
@@ -303,12 +330,14 @@ def _lookback_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, slot_
         agg_a, agg_b = last_row(lc), tl.log(agg_b)
 
     slot = slot_ptr + b * segments * D + cols
+    none = tl.zeros([BLOCK], tl.float32)  # the forward has no third value
     if seg > 0:
-        _publish(slot + seg * D, slot_stride, agg_a, agg_b, cmask, 1)
+        _publish(slot + seg * D, slot_stride, agg_a, agg_b, none, cmask, 1, False)
     entry_a, entry_b = _entry(x_ptr, y_ptr, h0_ptr, b, cols, cmask, D, lv_base, MODE, HAS_H0, False)
-    carry_a, carry_b = _look_back(slot, slot_stride, seg, D, entry_a, entry_b, cmask, MODE)
-    incl_a, incl_b = _then(carry_a, carry_b, agg_a, agg_b, MODE)
-    _publish(slot + seg * D, slot_stride, incl_a, incl_b, cmask, 2)
+    carry_a, carry_b, _ = _look_back(slot, slot_stride, seg, -1, D, entry_a, entry_b, none, cmask, MODE == LOG,
+                                     False, -1)
+    incl_a, incl_b, _ = _then(carry_a, carry_b, none, agg_a, agg_b, none, MODE == LOG)
+    _publish(slot + seg * D, slot_stride, incl_a, incl_b, none, cmask, 2, False)
 
     if MODE == LOG:
         h = tl.exp(lc + carry_b[None, :]) + b_loc
@@ -381,6 +410,36 @@ def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_
 
 
 @triton.jit
+def _reverse_tile(t_hi, t_begin, T, x_ptr, g_ptr, ga_ptr, cols, cmask, D, SX, bias_k, MODE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, F64: tl.constexpr, TILE: tl.constexpr):
+    """A backward tile: row r holds time t_hi - r (rows before t_begin are padding). Returns the
+    output and input offsets, the masks (of the tile, of its rows with a previous step, of the row
+    at t = 0), the coefficients of the reverse recurrence c_t = a_{t+1} (0 past the end, 1 on padding
+    rows), and the cotangents g (of h / Bc) and ga (of A, SCAN only; else g)."""
+    t = t_hi - tl.arange(0, TILE)
+    valid = t >= t_begin
+    mask = valid[:, None] & cmask[None, :]
+    next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
+    prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
+    offs = t.to(tl.int64)[:, None] * D + cols[None, :]
+    in_offs = t.to(tl.int64)[:, None] * SX + cols[None, :]
+    next_x = x_ptr + in_offs + SX
+    if MODE == LOG:
+        c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
+    elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
+        c = tl.sigmoid(-_biased(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64), bias_k[None, :],
+                                HAS_BIAS))
+    else:
+        c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
+    c = tl.where(valid[:, None], c, 1.0)
+    g = _acc(tl.load(g_ptr + offs, mask=mask, other=0.0), F64)
+    ga = g
+    if MODE == SCAN:
+        ga = _acc(tl.load(ga_ptr + offs, mask=mask, other=0.0), F64)
+    return offs, in_offs, mask, prev_mask, (t == 0)[:, None], c, g, ga
+
+
+@triton.jit
 def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
                      dx_ptr, dy_ptr, dh0_ptr, dbias_ptr, agg_ptr, T, D, SX, seg_len, segments,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -406,32 +465,15 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
 
     n_tiles = tl.cdiv(t_end - t_begin, TILE)
     for i in range(0, n_tiles):
-        t = t_end - 1 - i * TILE - tl.arange(0, TILE)  # tile row r holds time t_hi - r
-        valid = t >= t_begin
-        mask = valid[:, None] & cmask[None, :]
-        next_mask = (valid & (t + 1 < T))[:, None] & cmask[None, :]
-        prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
-        first = (t == 0)[:, None]
-        offs = t.to(tl.int64)[:, None] * D + cols[None, :]
-        in_offs = t.to(tl.int64)[:, None] * SX + cols[None, :]
-        next_x = x_ptr + x_base + in_offs + SX
-        # Coefficient of the reverse recurrence: a_{t+1} (0 past the end, 1 on padding rows).
-        if MODE == LOG:
-            c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
-        elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
-            c = tl.sigmoid(-_biased(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64), bias_k[None, :],
-                                    HAS_BIAS))
-        else:
-            c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
-        c = tl.where(valid[:, None], c, 1.0)
-        g = _acc(tl.load(g_ptr + base + offs, mask=mask, other=0.0), F64)
+        offs, in_offs, mask, prev_mask, first, c, g, ga = _reverse_tile(
+            t_end - 1 - i * TILE, t_begin, T, x_ptr + x_base, g_ptr + base, ga_ptr + base, cols, cmask, D, SX,
+            bias_k, MODE, HAS_BIAS, F64, TILE)
         if AGG_PASS:  # the aggregate also needs the product of the coefficients
             _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
         else:
             lam_t, lam = state_scan(c, g, lam)
         mu_t = lam_t  # read only by SCAN
         if MODE == SCAN:
-            ga = _acc(tl.load(ga_ptr + base + offs, mask=mask, other=0.0), F64)
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
@@ -457,6 +499,55 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
             tl.store(row + D, dbias_c, mask=cmask)
 
 
+@triton.jit
+def _lookback_backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr, dx_ptr, dy_ptr,
+                              dh0_ptr, dbias_ptr, slot_ptr, T, D, SX, segments, MODE: tl.constexpr,
+                              HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, TILE: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """The backward in one pass, one tile per program, tiles taken in reverse time: scan the tile's
+    adjoints from zero, publish the aggregate (the product of its coefficients, and lam's and, for
+    SCAN, mu's offsets), take the carry from the later tiles (`_look_back`), publish the inclusive
+    prefix, then write the input gradients (and this tile's row of bias-gradient partials)."""
+    k, b, cols, slot_stride = _ticket(slot_ptr, segments, D, BLOCK, 3 if MODE == SCAN else 2)
+    seg = segments - 1 - k
+    cmask = cols < D
+    base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
+    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, False)
+    t_begin = seg * TILE
+    offs, in_offs, mask, prev_mask, first, c, g, ga = _reverse_tile(
+        tl.minimum(t_begin + TILE, T) - 1, t_begin, T, x_ptr + x_base, g_ptr + base, ga_ptr + base, cols, cmask, D, SX,
+        bias_k, MODE, HAS_BIAS, False, TILE)
+    c_loc, lam_loc = tl.associative_scan((c, g), 0, affine_combine)
+    mu_loc = lam_loc
+    if MODE == SCAN:
+        _, mu_loc = tl.associative_scan((c, ga), 0, affine_combine)
+    agg_c, agg_lam, agg_mu = last_row(c_loc), last_row(lam_loc), last_row(mu_loc)
+
+    slot = slot_ptr + b * segments * D + cols
+    if seg < segments - 1:
+        _publish(slot + seg * D, slot_stride, agg_c, agg_lam, agg_mu, cmask, 1, MODE == SCAN)
+    one = tl.full([BLOCK], 1.0, tl.float32)
+    zero = tl.zeros([BLOCK], tl.float32)
+    carry_c, lam, mu = _look_back(slot, slot_stride, seg, segments, D, one, zero, zero, cmask, False, MODE == SCAN, 1)
+    incl_c, incl_lam, incl_mu = _then(carry_c, lam, mu, agg_c, agg_lam, agg_mu, False)
+    _publish(slot + seg * D, slot_stride, incl_c, incl_lam, incl_mu, cmask, 2, MODE == SCAN)
+
+    lam_t = lam_loc + c_loc * lam[None, :]
+    mu_t = lam_t
+    if MODE == SCAN:
+        mu_t = mu_loc + c_loc * mu[None, :]
+    dx, dy = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
+                          x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE, HAS_H0,
+                          HAS_BIAS, False)
+    if MODE != SCAN and seg == 0:
+        _initial_grad(last_row(lam_t), x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k,
+                      D, MODE, HAS_H0, HAS_BIAS, False)
+    if HAS_BIAS:  # partials (B, segments, 2D)
+        row = dbias_ptr + (b * segments + seg) * 2 * D + cols
+        tl.store(row, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
+        tl.store(row + D, tl.sum(tl.where(mask, dy, 0.0), axis=0), mask=cmask)
+
+
 @planned
 def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forced):
     """What a launch of `direction`'s kernels in MODE `mode` (its value) for inputs of `shape`
@@ -472,19 +563,17 @@ def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forc
     lay = layout.diagonal(B, T, D, device, direction, form, single_pass=acc == torch.float32)
     args = dict(T=T, D=D, SX=2 * D if stacked else D, MODE=mode, HAS_H0=has_h0, HAS_BIAS=has_bias,
                 TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps)
-    if lay.lookback:  # zeroed 64-bit slots (2, B, segments, D) and the ticket counter
-        programs = cdiv(D, lay.block) * B * lay.segments
-        return (_lookback_kernel, (programs,), dict(args, segments=lay.segments), (2 * B * lay.segments * D + 1,),
-                None, False)
+    words = 3 if mode == SCAN.value and direction == "backward" else 2  # values per segment and lane
+    partials = (B, lay.segments, 2 * D) if direction == "backward" and has_bias else None
+    if lay.lookback:  # zeroed 64-bit slots (words, B, segments, D) and the ticket counter
+        kernel = _lookback_kernel if direction == "forward" else _lookback_backward_kernel
+        return (kernel, (cdiv(D, lay.block) * B * lay.segments,), dict(args, segments=lay.segments),
+                (words * B * lay.segments * D + 1,), partials, False)
     args.update(seg_len=lay.seg_len, segments=lay.segments, F64=acc == torch.float64, num_stages=lay.stages)
-    n_agg = 3 if mode == SCAN.value and direction == "backward" else 2
-    agg = (n_agg, B, lay.segments, D) if lay.segments > 1 else None
-    partials = None
     if direction == "forward":
         args["PREFETCH"] = lay.prefetch
-    elif has_bias:
-        partials = (B, lay.segments, 2 * D)
     kernel = _forward_kernel if direction == "forward" else _backward_kernel
+    agg = (words, B, lay.segments, D) if lay.segments > 1 else None
     return kernel, (cdiv(D, lay.block), B, lay.segments), args, agg, partials, lay.segments > 1
 
 
@@ -496,13 +585,13 @@ def _launch(mode, direction, x, tensors, has_h0, stacked=False, bias=None):
                                                         bias is not None, x.dtype, x.device, layout._forced)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     more = dict(tensors, bias_ptr=x if bias is None else bias)
-    if kernel is _lookback_kernel:
-        launch(kernel, grid, args, slot_ptr=torch.zeros(agg, dtype=torch.int64, device=x.device), **more)
-        return None
-    more["agg_ptr"] = x if agg is None else torch.empty(agg, dtype=acc, device=x.device)
     if direction == "backward":
         partials = None if partials is None else torch.empty(partials, dtype=acc, device=x.device)
         more["dbias_ptr"] = x if partials is None else partials
+    if kernel is _lookback_kernel or kernel is _lookback_backward_kernel:
+        launch(kernel, grid, args, slot_ptr=torch.zeros(agg, dtype=torch.int64, device=x.device), **more)
+        return partials
+    more["agg_ptr"] = x if agg is None else torch.empty(agg, dtype=acc, device=x.device)
     if two_pass:
         launch(kernel, grid, args, AGG_PASS=True, **more)
     launch(kernel, grid, args, AGG_PASS=False, **more)

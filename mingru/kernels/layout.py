@@ -30,7 +30,7 @@ class Plan(NamedTuple):
     stages: int    # num_stages of the time loop
     prefetch: bool = False  # registers hold the next tile while this one is combined
     lookback: bool = False  # one tile per segment, in one pass: each program takes its carry from
-                            # the segments before it as they publish it (diagonal forward only)
+                            # the segments before it as they publish it (diagonal scans only)
 
 
 _forced = (0, 0, 0, False)  # (tile, segments, block, lookback); 0 = the planner's choice
@@ -40,7 +40,7 @@ _forced = (0, 0, 0, False)  # (tile, segments, block, lookback); 0 = the planner
 def forced_layout(tile=0, segments=0, block=0, lookback=False):
     """Force the tile length, the number of time segments and the lanes per program (0: automatic)
     of every diagonal and matrix plan made inside the block; rotation plans take only `block`.
-    `lookback` forces a diagonal forward's single pass, one tile per segment (`segments` is then
+    `lookback` forces a diagonal scan's single pass, one tile per segment (`segments` is then
     ignored)."""
     global _forced
     old, _forced = _forced, (int(tile), int(segments), int(block), bool(lookback))
@@ -96,10 +96,13 @@ DIAGONAL_TILES = {
     ("backward", "log"): Tiles(32, 64, 4, 3, False, 8, 1),
     ("backward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1),
 }
-# The single pass that replaces a forward's two-pass split: (tile, block, warps) per op form. Each
-# program loads one tile, publishes its aggregate, and takes its carry from the tiles before it
-# (decoupled look-back), so the inputs are read once.
-LOOKBACK_TILES = {"scan": (128, 32, 4), "rec": (64, 32, 2), "log": (64, 32, 1), "gate": (64, 32, 2)}
+# The single pass that replaces a two-pass split: (tile, block, warps) per (direction, op form). Each
+# program loads one tile, publishes its aggregate, and takes its carry from the tiles before it in
+# the scan's direction (decoupled look-back), so the inputs are read once. The forward's choices come
+# from a sweep on the H200; the backward's one choice for all forms has not been swept.
+LOOKBACK_TILES = {("forward", "scan"): (128, 32, 4), ("forward", "rec"): (64, 32, 2),
+                  ("forward", "log"): (64, 32, 1), ("forward", "gate"): (64, 32, 2),
+                  **{("backward", form): (64, 32, 2) for form in ("scan", "rec", "log", "gate")}}
 DIAGONAL_SPLIT_BELOW = 0.5  # split time only with fewer lane blocks than half the SMs
 DIAGONAL_MAX_SEGMENTS = 128
 
@@ -107,29 +110,30 @@ DIAGONAL_MAX_SEGMENTS = 128
 def diagonal(B, T, D, device, direction, form, single_pass=True):
     """Plan of a (B, T, D) diagonal scan: the form's Tiles (tile no longer than T, block no wider
     than D); time split only below DIAGONAL_SPLIT_BELOW lane blocks per SM, then up to the form's
-    programs per SM and DIAGONAL_MAX_SEGMENTS segments; a forward split becomes the single
-    look-back pass (LOOKBACK_TILES) unless the number of segments is forced or `single_pass` is
-    False (a float64 scan: the single pass publishes float32 states)."""
+    programs per SM and DIAGONAL_MAX_SEGMENTS segments; a split becomes the single look-back pass
+    (LOOKBACK_TILES) unless the number of segments is forced or `single_pass` is False (a float64
+    scan: the single pass publishes float32 states)."""
     # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which do not hash
     return _diagonal(int(B), int(T), int(D), sm_count(device), DIAGONAL_TILES[direction, form], _forced,
-                     form if direction == "forward" and single_pass else None)
+                     LOOKBACK_TILES[direction, form] if single_pass else None)
 
 
 @functools.lru_cache(maxsize=4096)
-def _diagonal(B, T, D, sms, tiles, forced, form=None):
-    if forced[3] and form in LOOKBACK_TILES:
-        return _lookback(T, D, form, forced)
+def _diagonal(B, T, D, sms, tiles, forced, single=None):
+    """`single`: the (tile, block, warps) of the single pass, None to keep a split in two passes."""
+    if forced[3] and single:
+        return _lookback(T, D, single, forced)
     tile = forced[0] or min(tiles.tile, next_pow2(T))
     block = forced[2] or min(tiles.block, next_pow2(D))
     segments, seg_len = split_time(T, B * cdiv(D, block), sms, tile, tiles.min_tiles * tile, 2, DIAGONAL_SPLIT_BELOW,
                                    tiles.per_sm, DIAGONAL_MAX_SEGMENTS, forced[1])
-    if segments > 1 and form in LOOKBACK_TILES and not forced[1]:
-        return _lookback(T, D, form, forced)
+    if segments > 1 and single and not forced[1]:
+        return _lookback(T, D, single, forced)
     return Plan(block, tile, segments, seg_len, tiles.warps, tiles.stages, tiles.prefetch)
 
 
-def _lookback(T, D, form, forced):
-    tile, block, warps = LOOKBACK_TILES[form]
+def _lookback(T, D, single, forced):
+    tile, block, warps = single
     tile = forced[0] or min(tile, next_pow2(T))
     block = forced[2] or min(block, next_pow2(D))
     return Plan(block, tile, cdiv(T, tile), tile, warps, 1, lookback=True)
