@@ -19,10 +19,11 @@ the launcher adds up, so no (B, T, 2D) gradient is read again to reduce it.
 Layout (`layout.diagonal`): one program per (block of channels, batch row, time segment) walks its segment in
 tiles of TILE steps, scanning each tile with tl.associative_scan and carrying the state across
 tiles in registers. With more than one segment a first pass writes each segment's aggregate and
-the second pass folds the aggregates of the earlier segments into its starting carry. The forward
-replaces those two passes by one (`_lookback_kernel`, when the plan says `lookback`): one tile per
-program, each tile's carry from the published aggregates and prefixes of the tiles before it, so the
-inputs are read once. Its states are float32 packed beside their flags; float64 keeps two passes.
+the second pass folds the aggregates of the earlier segments into its starting carry. Where the
+plan says `lookback`, both directions replace those two passes by one (`_lookback_kernel`,
+`_lookback_backward_kernel`): one tile per program, each tile's carry from the published aggregates
+and prefixes of the tiles before it in the scan's direction, so the inputs are read once. The
+published values are float32 packed beside their flags; float64 keeps the two passes.
 """
 from typing import Optional
 
