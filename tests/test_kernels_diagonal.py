@@ -226,3 +226,70 @@ def test_forced_layout_sets_tile_and_segments():
         lay = layout.diagonal(2, 37, 8, torch.device("cpu"), "backward", "log")
     assert (lay.tile, lay.segments, lay.seg_len) == (8, 3, 16)
     assert layout.diagonal(2, 37, 8, torch.device("cpu"), "backward", "log").tile == 32
+
+
+# ---- the single pass's look-back walk, on published values prepared by hand ------------------
+# In the interpreter programs run one after another, so every tile a program looks back at has
+# already published its inclusive prefix. The walk over aggregates (flag 1) that the GPU takes
+# when earlier tiles are still running is tested here directly: per lane, the nearest inclusive
+# prefix sits at a different distance, or nowhere (the walk reaches the entry state).
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _walk_kernel(slot_ptr, entry_ptr, out_ptr, slot_stride, seg, end, D, BLOCK: tl.constexpr,
+                 LOG_FORM: tl.constexpr, THIRD: tl.constexpr, STEP: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < D
+    entry_a = tl.load(entry_ptr + cols, mask=cmask, other=0.0)
+    entry_b = tl.load(entry_ptr + D + cols, mask=cmask, other=0.0)
+    entry_m = tl.load(entry_ptr + 2 * D + cols, mask=cmask, other=0.0)
+    a, b, m = diagonal._look_back(slot_ptr + cols, slot_stride, seg, end, D, entry_a, entry_b, entry_m, cmask,
+                                  LOG_FORM, THIRD, STEP)
+    tl.store(out_ptr + cols, a, mask=cmask)
+    tl.store(out_ptr + D + cols, b, mask=cmask)
+    tl.store(out_ptr + 2 * D + cols, m, mask=cmask)
+
+
+def _then(x, y, log_form):
+    """(a, b, m) of x then y: the affine maps h -> a h + b (m: a second offset under the same a),
+    or in log form (a, b) = (log a, log b) composed accordingly (no m)."""
+    if log_form:
+        return x[0] + y[0], torch.logaddexp(y[0] + x[1], y[1]), x[2]
+    return x[0] * y[0], y[0] * x[1] + y[1], y[0] * x[2] + y[2]
+
+
+@pytest.mark.parametrize("direction,log_form", [("forward", False), ("forward", True), ("backward", False)],
+                         ids=["forward", "forward-log", "backward-three-words"])
+def test_look_back_folds_aggregates_until_an_inclusive_prefix(direction, log_form, device):
+    S, D = 6, 4
+    g = torch.Generator().manual_seed(0)
+    values = torch.rand(3, S, D, generator=g) + 0.5   # (a, b, m) published by each segment
+    if log_form:
+        values[0] = -values[0]                        # log coefficients
+    entry = torch.rand(3, D, generator=g) + 0.5
+    forward = direction == "forward"
+    seg, end, step = (S - 1, -1, -1) if forward else (0, S, 1)
+    nearest = [seg + step, seg + 3 * step, None, end - step]  # per lane: the segment showing flag 2
+    flags = torch.ones(S, D, dtype=torch.int64)
+    want = []
+    for lane, j0 in enumerate(nearest):
+        walk = list(range(seg + step, end, step))
+        if j0 is not None:
+            flags[j0, lane] = 2
+            walk = walk[:walk.index(j0)]
+        carry = tuple(values[i, j0, lane].double() if j0 is not None else entry[i, lane].double() for i in range(3))
+        for j in reversed(walk):                      # from the base toward `seg`
+            carry = _then(carry, tuple(values[i, j, lane].double() for i in range(3)), log_form)
+        want.append(torch.stack(carry))
+    third = not forward
+    words = values[:3 if third else 2].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    slots = (words | (flags << 32)).contiguous()
+    out = torch.empty(3, D, device=device)
+    _walk_kernel[(1,)](slots.to(device), entry.to(device), out, S * D, seg, end, D, BLOCK=D, LOG_FORM=log_form,
+                       THIRD=third, STEP=step)
+    want = torch.stack(want, 1).float().to(device)
+    rows = 3 if third else 2
+    torch.testing.assert_close(out[:rows], want[:rows], atol=1e-6, rtol=1e-6)
