@@ -411,12 +411,12 @@ def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_
 
 
 @triton.jit
-def _reverse_tile(t_hi, t_begin, T, x_ptr, g_ptr, ga_ptr, cols, cmask, D, SX, bias_k, MODE: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, F64: tl.constexpr, TILE: tl.constexpr):
+def _reverse_offsets(t_hi, t_begin, T, cols, cmask, D, SX, TILE: tl.constexpr):
     """A backward tile: row r holds time t_hi - r (rows before t_begin are padding). Returns the
-    output and input offsets, the masks (of the tile, of its rows with a previous step, of the row
-    at t = 0), the coefficients of the reverse recurrence c_t = a_{t+1} (0 past the end, 1 on padding
-    rows), and the cotangents g (of h / Bc) and ga (of A, SCAN only; else g)."""
+    output and input offsets and the masks: of the tile, of its rows whose next step exists, of its
+    rows with a previous step, of the row at t = 0, of its valid rows. (No pointer enters here: the
+    compiler's mutation analysis would count every pointer a call takes as reaching the offsets it
+    returns, so the tensors stored through them would look like inputs.)"""
     t = t_hi - tl.arange(0, TILE)
     valid = t >= t_begin
     mask = valid[:, None] & cmask[None, :]
@@ -424,6 +424,14 @@ def _reverse_tile(t_hi, t_begin, T, x_ptr, g_ptr, ga_ptr, cols, cmask, D, SX, bi
     prev_mask = (valid & (t >= 1))[:, None] & cmask[None, :]
     offs = t.to(tl.int64)[:, None] * D + cols[None, :]
     in_offs = t.to(tl.int64)[:, None] * SX + cols[None, :]
+    return offs, in_offs, mask, next_mask, prev_mask, (t == 0)[:, None], valid[:, None]
+
+
+@triton.jit
+def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, bias_k, SX, MODE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, F64: tl.constexpr):
+    """A backward tile's coefficients of the reverse recurrence c_t = a_{t+1} (0 past the end, 1 on
+    padding rows) and its cotangents g (of h / Bc) and ga (of A, SCAN only; else g)."""
     next_x = x_ptr + in_offs + SX
     if MODE == LOG:
         c = tl.exp(_acc(tl.load(next_x, mask=next_mask, other=float("-inf")), F64))
@@ -432,12 +440,12 @@ def _reverse_tile(t_hi, t_begin, T, x_ptr, g_ptr, ga_ptr, cols, cmask, D, SX, bi
                                 HAS_BIAS))
     else:
         c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
-    c = tl.where(valid[:, None], c, 1.0)
+    c = tl.where(valid, c, 1.0)
     g = _acc(tl.load(g_ptr + offs, mask=mask, other=0.0), F64)
     ga = g
     if MODE == SCAN:
         ga = _acc(tl.load(ga_ptr + offs, mask=mask, other=0.0), F64)
-    return offs, in_offs, mask, prev_mask, (t == 0)[:, None], c, g, ga
+    return c, g, ga
 
 
 @triton.jit
@@ -466,9 +474,10 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
 
     n_tiles = tl.cdiv(t_end - t_begin, TILE)
     for i in range(0, n_tiles):
-        offs, in_offs, mask, prev_mask, first, c, g, ga = _reverse_tile(
-            t_end - 1 - i * TILE, t_begin, T, x_ptr + x_base, g_ptr + base, ga_ptr + base, cols, cmask, D, SX,
-            bias_k, MODE, HAS_BIAS, F64, TILE)
+        offs, in_offs, mask, next_mask, prev_mask, first, valid = _reverse_offsets(t_end - 1 - i * TILE, t_begin, T,
+                                                                                   cols, cmask, D, SX, TILE)
+        c, g, ga = _reverse_loads(x_ptr + x_base, g_ptr + base, ga_ptr + base, offs, in_offs, mask, next_mask, valid,
+                                  bias_k, SX, MODE, HAS_BIAS, F64)
         if AGG_PASS:  # the aggregate also needs the product of the coefficients
             _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
         else:
@@ -515,9 +524,10 @@ def _lookback_backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out
     base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
     bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, False)
     t_begin = seg * TILE
-    offs, in_offs, mask, prev_mask, first, c, g, ga = _reverse_tile(
-        tl.minimum(t_begin + TILE, T) - 1, t_begin, T, x_ptr + x_base, g_ptr + base, ga_ptr + base, cols, cmask, D, SX,
-        bias_k, MODE, HAS_BIAS, False, TILE)
+    offs, in_offs, mask, next_mask, prev_mask, first, valid = _reverse_offsets(tl.minimum(t_begin + TILE, T) - 1,
+                                                                               t_begin, T, cols, cmask, D, SX, TILE)
+    c, g, ga = _reverse_loads(x_ptr + x_base, g_ptr + base, ga_ptr + base, offs, in_offs, mask, next_mask, valid,
+                              bias_k, SX, MODE, HAS_BIAS, False)
     c_loc, lam_loc = tl.associative_scan((c, g), 0, affine_combine)
     mu_loc = lam_loc
     if MODE == SCAN:
