@@ -114,15 +114,16 @@ def _mm_nt(x, y, DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _program(A, a_sb, a_sn, BLOCK: tl.constexpr, LANES, N, seg_len, T, K: tl.constexpr, F64: tl.constexpr):
-    """This program's lanes (live mask [BLOCK, 1], batch and n index), its segment c = [start, end),
-    the identity and the pointers to its lanes' transitions."""
+def _program(BLOCK: tl.constexpr, LANES, N, seg_len, T, K: tl.constexpr, F64: tl.constexpr):
+    """This program's lanes (live mask [BLOCK, 1], batch and n index), its segment c = [start, end)
+    and the identity. (No pointer enters here: torch.compile's mutation analysis would count every
+    pointer a call takes as reaching the lane indices it returns, and with them every store.)"""
     lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1)
     start = c * seg_len
     live, b, i = (lane < LANES)[:, None], (lane // N).to(tl.int64), (lane % N).to(tl.int64)
     end = tl.minimum(start + seg_len, T)
-    return live, b, i, c, start, end, _eye(BLOCK, K, F64), _lane_ptrs(A, a_sb, a_sn, b, i, K, K)
+    return live, b, i, c, start, end, _eye(BLOCK, K, F64)
 
 
 # ---- forward: S_t = A_t S_{t-1} + X_t ------------------------------------------------------
@@ -201,7 +202,8 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_
     Otherwise write every state to OP (if PMODE) and OH, starting (when SPLIT) from the initial
     state carried through the aggregates GP, GH of segments 0..c-1.
     """
-    live, b, i, c, start, end, eye, a_tile = _program(A, a_sb, a_sn, BLOCK, LANES, N, seg_len, T, K, F64)
+    live, b, i, c, start, end, eye = _program(BLOCK, LANES, N, seg_len, T, K, F64)
+    a_tile = _lane_ptrs(A, a_sb, a_sn, b, i, K, K)
     xh_tile = _lane_ptrs(XH, xh_sb, xh_sn, b, i, K, V)
     op_tile = _lane_ptrs(OP, op_sb, op_sn, b, i, K, K)
     oh_tile = _lane_ptrs(OH, oh_sb, oh_sn, b, i, K, V)
@@ -282,7 +284,8 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
     lam_start = M lam_end + y goes to row segments-1-c of OM, OP, OH: reversed, so the later
     segments come first and the carry is the forward walk over rows 0..segments-2-c.
     """
-    live, b, i, c, start, end, eye, a_tile = _program(A, a_sb, a_sn, BLOCK, LANES, N, seg_len, T, K, F64)
+    live, b, i, c, start, end, eye = _program(BLOCK, LANES, N, seg_len, T, K, F64)
+    a_tile = _lane_ptrs(A, a_sb, a_sn, b, i, K, K)
     gp_tile = _lane_ptrs(GP, gp_sb, gp_sn, b, i, K, K)
     gh_tile = _lane_ptrs(GH, gh_sb, gh_sn, b, i, K, V)
     sp_tile = _lane_ptrs(SP, sp_sb, sp_sn, b, i, K, K)

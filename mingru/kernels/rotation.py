@@ -133,13 +133,13 @@ def _store_pair(ptr, E, O, mask):
 
 
 @triton.jit
-def _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
+def _lanes(LANES, N, H: tl.constexpr, BLOCK_N: tl.constexpr):
     """Flat tile index f of this program: row j = f // BLOCK_N, lane f % BLOCK_N, its live mask and
-    (b, n), and the lane's angle and decay pointers at t = 0."""
+    (b, n). (No pointer enters here: torch.compile's mutation analysis would count every pointer a
+    call takes as reaching the indices it returns, and with them every store.)"""
     f = tl.arange(0, H * BLOCK_N)
     lane = tl.program_id(0) * BLOCK_N + f % BLOCK_N
-    j, live, b, n = f // BLOCK_N, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
-    return j, lane, live, b, n, ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn
+    return f // BLOCK_N, lane, lane < LANES, (lane // N).to(tl.int64), (lane % N).to(tl.int64)
 
 
 # Sizes and strides are not specialized: ==1 or %16 facts would only invite vectorized re-layouts.
@@ -154,7 +154,8 @@ def _rotation_fwd_kernel(ang, dec, u, h0, sc, h, LANES, N, T,
                          H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
+    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
+    ang_f, dec_f = ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn  # angles and decay at t = 0
     u_f = u + b * sub + n * sun + 2 * j * suk
     h_f = h + (b * T * N + n) * (2 * H) + 2 * j  # h is contiguous (B, T, n, k)
     sc_f = sc + b * ssb + n * ssn
@@ -184,7 +185,8 @@ def _rotation_bwd_kernel(g, ang, dec, h0, sc, h, dang, ddec, du, dh0, dsc, LANES
                          L: tl.constexpr, H: tl.constexpr,
                          BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     ACC = tl.float64 if h.dtype.element_ty == tl.float64 else tl.float32
-    j, lane, live, b, n, ang_f, dec_f = _lanes(ang, dec, sab, san, saj, sdb, sdn, LANES, N, H, BLOCK_N)
+    j, lane, live, b, n = _lanes(LANES, N, H, BLOCK_N)
+    ang_f, dec_f = ang + b * sab + n * san + j * saj, dec + b * sdb + n * sdn  # angles and decay at t = 0
     g_f = g + b * sgb + n * sgn + 2 * j * sgk
     # h, du, dh0, ddecay, dscale and dangles are contiguous: (B,T,n,k), (B,T,n,k), (B,n,k), (B,T,n) twice,
     # (B,T,n,L,k/2)

@@ -13,10 +13,9 @@ The backward recomputes the inverse instead of saving it: with cotangent G,
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from mingru.dispatch import ScanFallback
-from mingru.kernels.common import check_envelope, next_pow2, scan_op
+from mingru.kernels.common import check_envelope, launch, next_pow2, scan_op
 
 MAX_M = 64  # the largest system one program inverts in registers (larger ones run eager)
 
@@ -48,8 +47,8 @@ def _inverse(L):
     mp = max(16, next_pow2(M))
     # of 1, 2, 4 and 8 warps, 2 ran fastest for 64 x 64 on an H200: smaller systems keep at least
     # its elements per thread
-    wrap_triton(_inverse_kernel)[(L.numel() // (M * M),)](L, inv, M, MP=mp, F64=L.dtype == torch.float64,
-                                                          num_warps=max(1, mp * mp // 2048))
+    launch(_inverse_kernel, (L.numel() // (M * M),), dict(L=L, INV=inv, M=M, MP=mp, F64=L.dtype == torch.float64,
+                                                          num_warps=max(1, mp * mp // 2048)))
     return inv
 
 
