@@ -118,9 +118,13 @@ def test_layer_goal_reads_lucidrains_rows():
 
 def test_provenance_counts_the_commits_between(tmp_path):
     git = lambda *a: subprocess.run(["git", *a], cwd=places.REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    head, parent = git("rev-parse", "HEAD"), git("rev-parse", "HEAD~1")
-    assert results.commits_between(head) == 0 and results.commits_between(parent) == 1
-    assert "1 commit(s) after" in results.provenance({"git_commit": parent, "gpu": "G", "date": "d"})
+    head = git("rev-parse", "HEAD")
+    # a commit with one parent, so that its parent is exactly one commit behind it (HEAD may be a merge)
+    child = git("rev-list", "--no-merges", "-n", "1", "HEAD")
+    parent = git("rev-parse", f"{child}~1")
+    assert results.commits_between(head) == 0 and results.commits_between(child, head=child) == 0
+    assert results.commits_between(parent, head=child) == 1
+    assert "1 commit(s) after" in results.provenance({"git_commit": parent, "gpu": "G", "date": "d"}, head=child)
     assert "not in this clone" in results.provenance({"git_commit": "f" * 40, "gpu": "G", "date": "d"})
     (tmp_path / "x.json").write_text(json.dumps({"env": {"git_commit": head, "gpu": "G", "date": "d"}, "rows": []}))
     assert results.load("x", tmp_path, quiet=True)["rows"] == []
