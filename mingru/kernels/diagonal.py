@@ -25,7 +25,7 @@ plan says `lookback`, both directions replace those two passes by one (`_lookbac
 and prefixes of the tiles before it in the scan's direction, so the inputs are read once. The
 published values are float32 packed beside their flags; float64 keeps the two passes.
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -136,6 +136,8 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
 
     carry_a = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
     carry_b = _acc(tl.zeros([BLOCK], tl.float32), F64)
+    if not AGG_PASS:
+        _, entry = _entry(x_ptr, y_ptr, h0_ptr, b, cols, cmask, D, lv_base, MODE, HAS_H0, F64)
     start = t_begin
     if MODE == LOG:
         # The state is carried in linear space (it is an output, so finite when the answer is);
@@ -143,7 +145,7 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
         # e^100, say), stays in log form until it is applied as one exp(lc + log h).
         lc_sum = _acc(tl.zeros([TILE, BLOCK], tl.float32), F64)
         if not AGG_PASS:
-            log_h = _acc(tl.load(y_ptr + lv_base + cols, mask=cmask, other=0.0), F64)
+            log_h = entry
             for s in range(0, seg):  # segment aggregates in log form: (sum of lc, log of B)
                 agg_lc = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
                 log_h = log_add_exp(agg_lc + log_h, tl.load(agg_ptr + agg_stride + agg_off + s * D,
@@ -155,9 +157,8 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
             tl.store(out_h_ptr + base + row, carry_b.to(out_h_ptr.dtype.element_ty), mask=cmask)
             start = t_begin + 1
     else:
-        if HAS_H0 and not AGG_PASS:
-            carry_b = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
         if not AGG_PASS:
+            carry_b = entry
             for s in range(0, seg):  # fold in the aggregates of the earlier segments
                 agg_a = tl.load(agg_ptr + agg_off + s * D, mask=cmask, other=0.0)
                 carry_b = agg_a * carry_b + tl.load(agg_ptr + agg_stride + agg_off + s * D, mask=cmask, other=0.0)
@@ -449,6 +450,14 @@ def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, 
 
 
 @triton.jit
+def _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c):
+    """A program's sums of the k and c gradients: row (b, seg) of the partials (B, segments, 2D)."""
+    row = dbias_ptr + (b * segments + seg) * 2 * D + cols
+    tl.store(row, dbias_k, mask=cmask)
+    tl.store(row + D, dbias_c, mask=cmask)
+
+
+@triton.jit
 def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, out_a_ptr,
                      dx_ptr, dy_ptr, dh0_ptr, dbias_ptr, agg_ptr, T, D, SX, seg_len, segments,
                      MODE: tl.constexpr, AGG_PASS: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -503,10 +512,8 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
         if MODE != SCAN and seg == 0:
             _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
                           MODE, HAS_H0, HAS_BIAS, F64)
-        if HAS_BIAS:  # partials (B, segments, 2D)
-            row = dbias_ptr + (b * segments + seg) * 2 * D + cols
-            tl.store(row, dbias_k, mask=cmask)
-            tl.store(row + D, dbias_c, mask=cmask)
+        if HAS_BIAS:
+            _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c)
 
 
 @triton.jit
@@ -553,59 +560,64 @@ def _lookback_backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out
     if MODE != SCAN and seg == 0:
         _initial_grad(last_row(lam_t), x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k,
                       D, MODE, HAS_H0, HAS_BIAS, False)
-    if HAS_BIAS:  # partials (B, segments, 2D)
-        row = dbias_ptr + (b * segments + seg) * 2 * D + cols
-        tl.store(row, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
-        tl.store(row + D, tl.sum(tl.where(mask, dy, 0.0), axis=0), mask=cmask)
+    if HAS_BIAS:
+        _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, tl.sum(tl.where(mask, dx, 0.0), axis=0),
+                             tl.sum(tl.where(mask, dy, 0.0), axis=0))
+
+
+class _Launch(NamedTuple):
+    kernel: object
+    grid: tuple
+    args: dict        # every argument besides the tensors
+    acc: torch.dtype  # the dtype kernels accumulate in (that of the aggregates and bias partials)
+    slots: Optional[tuple]     # the single pass's zeroed 64-bit slots (words, B, segments, D) + its ticket
+    agg: Optional[tuple]       # the two-pass split's aggregates (words, B, segments, D); its first pass runs
+    partials: Optional[tuple]  # the backward's bias-gradient partials (B, segments, 2D)
 
 
 @planned
 def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forced):
-    """What a launch of `direction`'s kernels in MODE `mode` (its value) for inputs of `shape`
-    (B, T, D; with `stacked`, GATE's (B, T, 2D) rows of k | cand) needs besides its tensors:
-    (kernel, grid, arguments, shape of the aggregate buffer or None, shape of the bias partials or
-    None, whether the aggregate pass runs first). forced is layout's forced layout, which the
-    planner reads: it keys the memo."""
+    """The `_Launch` of `direction`'s kernels in MODE `mode` (its value) for inputs of `shape`
+    (B, T, D; with `stacked`, GATE's (B, T, 2D) rows of k | cand). forced is layout's forced
+    layout, which the planner reads: it keys the memo."""
     B, T, D = shape
     if stacked:
         D //= 2
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    form = FORMS[mode]
-    lay = layout.diagonal(B, T, D, device, direction, form, single_pass=acc == torch.float32)
+    lay = layout.diagonal(B, T, D, device, direction, FORMS[mode], single_pass=acc == torch.float32)
     args = dict(T=T, D=D, SX=2 * D if stacked else D, MODE=mode, HAS_H0=has_h0, HAS_BIAS=has_bias,
-                TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps)
+                TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps, segments=lay.segments)
     words = 3 if mode == SCAN.value and direction == "backward" else 2  # values per segment and lane
     partials = (B, lay.segments, 2 * D) if direction == "backward" and has_bias else None
-    if lay.lookback:  # zeroed 64-bit slots (words, B, segments, D) and the ticket counter
+    if lay.lookback:
         kernel = _lookback_kernel if direction == "forward" else _lookback_backward_kernel
-        return (kernel, (cdiv(D, lay.block) * B * lay.segments,), dict(args, segments=lay.segments),
-                (words * B * lay.segments * D + 1,), partials, False)
-    args.update(seg_len=lay.seg_len, segments=lay.segments, F64=acc == torch.float64, num_stages=lay.stages)
+        return _Launch(kernel, (cdiv(D, lay.block) * B * lay.segments,), args, acc,
+                       (words * B * lay.segments * D + 1,), None, partials)
+    args.update(seg_len=lay.seg_len, F64=acc == torch.float64, num_stages=lay.stages)
     if direction == "forward":
         args["PREFETCH"] = lay.prefetch
     kernel = _forward_kernel if direction == "forward" else _backward_kernel
     agg = (words, B, lay.segments, D) if lay.segments > 1 else None
-    return kernel, (cdiv(D, lay.block), B, lay.segments), args, agg, partials, lay.segments > 1
+    return _Launch(kernel, (cdiv(D, lay.block), B, lay.segments), args, acc, None, agg, partials)
 
 
 def _launch(mode, direction, x, tensors, has_h0, stacked=False, bias=None):
     """Run `direction`'s kernels over the plan (the aggregate pass first when time is split in two
     passes). x (B, T, D), or with `stacked` GATE's (B, T, 2D) rows of k | cand and its bias (2D,)
     or None. Returns the backward's bias-gradient partials (B, segments, 2D) when it has a bias."""
-    kernel, grid, args, agg, partials, two_pass = _plan(mode.value, direction, x.shape, stacked, has_h0,
-                                                        bias is not None, x.dtype, x.device, layout._forced)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    plan = _plan(mode.value, direction, x.shape, stacked, has_h0, bias is not None, x.dtype, x.device, layout._forced)
     more = dict(tensors, bias_ptr=x if bias is None else bias)
+    partials = None if plan.partials is None else torch.empty(plan.partials, dtype=plan.acc, device=x.device)
     if direction == "backward":
-        partials = None if partials is None else torch.empty(partials, dtype=acc, device=x.device)
         more["dbias_ptr"] = x if partials is None else partials
-    if kernel is _lookback_kernel or kernel is _lookback_backward_kernel:
-        launch(kernel, grid, args, slot_ptr=torch.zeros(agg, dtype=torch.int64, device=x.device), **more)
-        return partials
-    more["agg_ptr"] = x if agg is None else torch.empty(agg, dtype=acc, device=x.device)
-    if two_pass:
-        launch(kernel, grid, args, AGG_PASS=True, **more)
-    launch(kernel, grid, args, AGG_PASS=False, **more)
+    if plan.slots is not None:
+        more["slot_ptr"] = torch.zeros(plan.slots, dtype=torch.int64, device=x.device)
+    else:
+        more["agg_ptr"] = x if plan.agg is None else torch.empty(plan.agg, dtype=plan.acc, device=x.device)
+        if plan.agg is not None:
+            launch(plan.kernel, plan.grid, plan.args, AGG_PASS=True, **more)
+        more["AGG_PASS"] = False
+    launch(plan.kernel, plan.grid, plan.args, **more)
     return partials
 
 
