@@ -85,17 +85,24 @@ def _import_traced(module):
     return getattr(kernels, module.removeprefix("mingru.kernels."))
 
 
+_resolved = {}  # "module:function" -> the function, once imported outside torch.compile
+
+
 def triton_impl(name):
     """Import and return the Triton implementation of `name`, or raise ScanFallback."""
-    module, func = TRITON_IMPLS[name].split(":")
+    spec = TRITON_IMPLS[name]
+    compiling = torch.compiler.is_compiling()
+    if not compiling and spec in _resolved:
+        return _resolved[spec]
+    module, func = spec.split(":")
     try:
-        if torch.compiler.is_compiling():  # no sys.modules lookup: dynamo would guard on its contents
-            loaded = _import_traced(module)
-        else:
-            loaded = sys.modules.get(module) or importlib.import_module(module)
+        if compiling:  # no sys.modules lookup: dynamo would guard on its contents
+            return getattr(_import_traced(module), func)
+        loaded = sys.modules.get(module) or importlib.import_module(module)
     except ImportError as err:  # triton missing, or torch too old for triton_op
         raise ScanFallback(f"Triton backend unavailable ({err})") from err
-    return getattr(loaded, func)
+    impl = _resolved[spec] = getattr(loaded, func)
+    return impl
 
 
 def _warn_once(name, reason):

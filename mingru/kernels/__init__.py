@@ -18,7 +18,7 @@ Vocabulary, one meaning each in every module here:
   plan       a `layout.Plan`: block, tile, segments, seg_len, warps, stages, prefetch, lookback;
              made by `layout` only.
 
-Modules: `common` (envelope check, TF32 switch, op registration with its autograd glue),
+Modules: `common` (envelope check, TF32 switch, launches, op registration with its autograd glue),
 `layout` (the planner and `forced_layout`, the one override for tests and harnesses),
 `core` (the affine monoid the diagonal kernels scan with), `diagonal` (linear_scan,
 linear_recurrence, parallel_scan_log), `matrix` (matrix_scan, matrix_affine_scan,

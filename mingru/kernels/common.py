@@ -1,7 +1,10 @@
-"""What every kernel module shares on the Python side: the envelope check, the TF32 switch, op
-registration with its autograd glue, and integer helpers."""
+"""What every kernel module shares on the Python side: the envelope check, the TF32 switch, the
+launch (with its direct path for eager calls), op registration with its autograd glue, and
+integer helpers."""
 import contextlib
 import functools
+import inspect
+from typing import NamedTuple
 
 import torch
 from torch.library import triton_op, wrap_triton
@@ -54,12 +57,103 @@ def check_envelope(x, span=0, batch=0, sizes=()):
 
 
 def launch(kernel, grid, args, **more):
-    """kernel[grid](**args, **more) (`more`: arguments that vary where `args` is a cached plan):
-    through wrap_triton while it is on (tracers see the launch), straight to the kernel's launcher
-    when it is off (the eager calls of `scan_op`)."""
+    """kernel[grid](**args, **more): `args` holds the arguments fixed by a plan (sizes, strides,
+    constexprs, launch options; hashable values only), `more` the tensors and anything else.
+
+    While wrap_triton is on (a tracer records the launch) the launch goes through it. Eager calls
+    (wrap_triton off, as `scan_op` runs them) take the direct path of `_direct_launch`."""
     if is_wrap_triton_enabled():
         return wrap_triton(kernel)[grid](**more, **args)
+    if _runtime is not None and isinstance(kernel, _runtime[2]):  # not the interpreter's kernels
+        return _direct_launch(kernel, grid, args, more)
     return kernel.run(grid=grid, warmup=False, **more, **args)
+
+
+try:  # what the direct path reads of Triton's runtime: present in the versions we support
+    from triton import knobs as _knobs
+    from triton.runtime import driver as _driver
+    from triton.runtime.jit import JITFunction as _JITFunction
+    _runtime = (_knobs.runtime, _driver, _JITFunction)
+except ImportError:  # pragma: no cover - another Triton: every launch takes kernel.run
+    _runtime = None
+
+
+class _Compiled(NamedTuple):
+    """One compiled kernel, ready to launch without Triton's binder."""
+    compiled: object   # Triton's CompiledKernel (its launch_metadata feeds a profiler's launch hook)
+    launcher: object   # compiled.run: the C launcher
+    values: tuple      # every kernel argument in signature order; None where `fill` puts a call's value
+    fill: tuple        # (position, name): the arguments taken from each call's `more`
+
+
+# id(args) -> (args, {(kernel, grid, device, the specialization of `more`): _Compiled}). The args
+# dict is held, so its id is not reused while the entry lives; plans are memoized, so one args dict
+# serves every call of a signature (a fresh dict per call only ever takes kernel.run).
+_compiled = {}
+_COMPILED_MAX = 4096
+
+
+def _direct_launch(kernel, grid, args, more):
+    """Launch through the compiled kernel's launcher, as kernel.run does once it has found the kernel.
+
+    kernel.run spends most of an eager call's host time binding and specializing each argument to
+    find the compiled kernel. Here the compiled kernel is remembered per key of what Triton
+    specializes on: the kernel, grid, current device, the plan's arguments (the args dict itself:
+    a plan's dict is never modified), and per argument of `more` its dtype and 16-byte alignment
+    for a tensor, its value otherwise. The first
+    call of a key goes through kernel.run (which compiles, launches and returns the kernel). The
+    direct path skips what kernel.run checks again per launch with the same result: its pre-run
+    hooks (none are registered on these kernels) and that the kernel's global values have not
+    changed since compilation (module constants)."""
+    runtime, driver, _ = _runtime
+    device = driver.active.get_current_device()
+    entry = _compiled.get(id(args))
+    if entry is None or entry[0] is not args:
+        if len(_compiled) >= _COMPILED_MAX:
+            _compiled.clear()
+        entry = _compiled[id(args)] = (args, {})
+    spec = [kernel, grid, device]
+    for name, x in more.items():
+        spec.append(name)
+        spec.append((x.dtype, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x)
+    key = tuple(spec)
+    hit = entry[1].get(key)
+    if hit is None:
+        compiled = kernel.run(grid=grid, warmup=False, **more, **args)
+        _remember(entry[1], key, kernel, compiled, args, more)
+        return compiled
+    values = list(hit.values)
+    for i, name in hit.fill:
+        values[i] = more[name]
+    stream = driver.active.get_current_stream(device)
+    enter = runtime.launch_enter_hook
+    meta = None if enter is None else hit.compiled.launch_metadata(grid, stream, *values)
+    hit.launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 hit.compiled.function, hit.compiled.packed_metadata, meta, enter, runtime.launch_exit_hook,
+                 *values)
+    return hit.compiled
+
+
+def _remember(known, key, kernel, compiled, args, more):
+    """Store in `known` the _Compiled of `key` when kernel.run returned a compiled kernel whose
+    launcher and arguments are known (an asynchronous compile returns a future: it is not stored)."""
+    if (getattr(kernel, "pre_run_hooks", None) or any(isinstance(x, torch.Tensor) for x in args.values())
+            or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))):
+        return
+    values, fill = [], []
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        if name in more:
+            values.append(None)
+            fill.append((i, name))
+        elif name in args:
+            values.append(args[name])
+        else:
+            default = kernel.signature.parameters[name].default
+            if default is inspect.Parameter.empty:
+                return
+            values.append(default)
+    known[key] = _Compiled(compiled, compiled.run, tuple(values), tuple(fill))
 
 
 def planned(plan):

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from mingru.dispatch import ScanFallback
-from mingru.kernels.common import check_envelope, launch, next_pow2, scan_op
+from mingru.kernels.common import check_envelope, launch, next_pow2, planned, scan_op
 
 MAX_M = 64  # the largest system one program inverts in registers (larger ones run eager)
 
@@ -40,15 +40,20 @@ def _inverse_kernel(L, INV, M, MP: tl.constexpr, F64: tl.constexpr):
              mask=(r[:, None] < M) & (r[None, :] < M))
 
 
+@planned
+def _plan(M, f64):
+    """The inverse kernel's arguments besides the tensors, for M x M systems."""
+    mp = max(16, next_pow2(M))
+    # of 1, 2, 4 and 8 warps, 2 ran fastest for 64 x 64 on an H200: smaller systems keep at least
+    # its elements per thread
+    return dict(M=M, MP=mp, F64=f64, num_warps=max(1, mp * mp // 2048))
+
+
 def _inverse(L):
     M = L.shape[-1]
     L = L.contiguous()
     inv = torch.empty_like(L)
-    mp = max(16, next_pow2(M))
-    # of 1, 2, 4 and 8 warps, 2 ran fastest for 64 x 64 on an H200: smaller systems keep at least
-    # its elements per thread
-    launch(_inverse_kernel, (L.numel() // (M * M),), dict(L=L, INV=inv, M=M, MP=mp, F64=L.dtype == torch.float64,
-                                                          num_warps=max(1, mp * mp // 2048)))
+    launch(_inverse_kernel, (L.numel() // (M * M),), _plan(M, L.dtype == torch.float64), L=L, INV=inv)
     return inv
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mingru.kernels.common import dot_precision, launch, scan_op
+from mingru.kernels.common import dot_precision, launch, planned, scan_op
 
 WIDE_SIZES = (32, 64)  # k and v this kernel takes (the matrix kernels take <= 16; others run eager)
 
@@ -93,10 +93,14 @@ BV = 16  # columns per program: wider blocks spilled registers on an H200 (sever
 
 
 def _shared(A, X):
-    B, T, n, k, _ = A.shape
-    v = X.shape[-1]
-    return (B * n, v // BV), dict(T=T, N=n, K=k, V=v, BV=BV, F64=A.dtype == torch.float64,
-                                  PREC=dot_precision(), num_warps=4)
+    """The grid and the arguments besides the tensors and strides, for A (B, T, n, k, k) and X (.., v)."""
+    return _plan(A.shape, X.shape[-1], A.dtype == torch.float64, dot_precision())
+
+
+@planned
+def _plan(shape, v, f64, prec):
+    B, T, n, k, _ = shape
+    return (B * n, v // BV), dict(T=T, N=n, K=k, V=v, BV=BV, F64=f64, PREC=prec, num_warps=4)
 
 
 def _forward(A: torch.Tensor, X: torch.Tensor, h0: Optional[torch.Tensor]) -> torch.Tensor:
