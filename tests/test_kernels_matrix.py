@@ -181,6 +181,15 @@ def test_plan_splits_time_only_for_few_lanes():
     assert many.block == 128 and layout.matrix(8, 64, 16, 32, cpu).block == 1
 
 
+def test_plan_splits_short_walks_only_at_the_short_split_k():
+    cpu = torch.device("cpu")
+    k4 = layout.matrix(64, 64, layout.SHORT_SPLIT_K, 8, cpu)
+    assert k4.segments >= 4 and 2 * k4.tile <= k4.seg_len < layout.MATRIX_MIN_SEGMENT
+    assert layout.matrix(8, 64, 8, 9, cpu).segments == 1  # k = 8 keeps T = 64 whole
+    long = layout.matrix(64, 1024, layout.SHORT_SPLIT_K, 8, cpu)
+    assert long.seg_len >= layout.MATRIX_MIN_SEGMENT  # long walks keep the usual minimum
+
+
 def test_plan_never_puts_two_lanes_in_a_program():
     cpu = torch.device("cpu")
     # k = 8, width 17 (matrix_affine_scan's backward at v = 1): the budget allows 2 lanes; the plan takes 1

@@ -144,12 +144,17 @@ def _lookback(T, D, single, forced):
 PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
 MATRIX_TILE = 4              # steps whose loads are issued before the first product waits
 MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: keep it long
+# k whose short walks split too: a segment as short as T/8 (never under 2 tiles) where T is under
+# 8 minimum segments. At the seed's lab shape (T = 64) on an H200 that split ran faster at k = 4,
+# and slower at k = 8 and 16 (their products make the first pass and the carry fold dearer).
+SHORT_SPLIT_K = 4
 
 
 def matrix(lanes, T, k, width, device):
     """Plan of a walk over `lanes` states of k x `width` along T steps: the most lanes (a power of
     two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
-    so T is split below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments."""
+    so T is split below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
+    (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), _forced)
 
 
@@ -159,7 +164,10 @@ def _matrix(lanes, T, k, width, sms, forced):
     if block == 2 and not forced[2]:
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
     tile = forced[0] or MATRIX_TILE
-    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, MATRIX_PROGRAMS_PER_SM,
+    min_len = MATRIX_MIN_SEGMENT
+    if k == SHORT_SPLIT_K:
+        min_len = max(2 * tile, min(min_len, T // 8))
+    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, 4, MATRIX_PROGRAMS_PER_SM,
                                    MATRIX_PROGRAMS_PER_SM, T, forced[1])
     return Plan(block, tile, segments, seg_len if segments > 1 else T, 4, 1)
 
