@@ -122,7 +122,7 @@ def test_kernels_with_pre_run_hooks_or_tensor_plans_always_take_kernel_run(runti
     plain, plan = _Kernel(), dict(n=7, FLAG=True, y=torch.randn(8))
     for _ in range(2):
         common._direct_launch(plain, (1,), plan, dict(x=torch.randn(8)))
-    assert len(plain.compiles) == 2
+    assert len(plain.compiles) == 2 and id(plan) not in common._compiled  # its tensor is not held
     fresh = _Kernel()  # a new args dict per call (not a memoized plan): correct, never remembered
     for _ in range(2):
         _go(fresh, torch.randn(8), torch.randn(8), args=dict(PLAN))

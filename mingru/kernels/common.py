@@ -109,6 +109,8 @@ def _direct_launch(kernel, grid, args, more):
     device = driver.active.get_current_device()
     entry = _compiled.get(id(args))
     if entry is None or entry[0] is not args:
+        if any(isinstance(x, torch.Tensor) for x in args.values()):  # not a plan: holding it would hold its tensors
+            return kernel.run(grid=grid, warmup=False, **more, **args)
         if len(_compiled) >= _COMPILED_MAX:
             _compiled.clear()
         entry = _compiled[id(args)] = (args, {})
@@ -137,8 +139,8 @@ def _direct_launch(kernel, grid, args, more):
 def _remember(known, key, kernel, compiled, args, more):
     """Store in `known` the _Compiled of `key` when kernel.run returned a compiled kernel whose
     launcher and arguments are known (an asynchronous compile returns a future: it is not stored)."""
-    if (getattr(kernel, "pre_run_hooks", None) or any(isinstance(x, torch.Tensor) for x in args.values())
-            or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))):
+    if getattr(kernel, "pre_run_hooks", None) or not all(hasattr(compiled, a) for a in ("run", "function",
+                                                                                        "packed_metadata")):
         return
     values, fill = [], []
     for i, param in enumerate(kernel.params):
