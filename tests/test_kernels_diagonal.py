@@ -200,7 +200,7 @@ def test_log_scan_zero_initial_state(forced, device):
 
 
 def test_plan_splits_time_only_for_small_b_times_d():
-    tiles, auto = layout.DIAGONAL_TILES["backward", "scan"], (0, 0, 0, False)
+    tiles, auto = layout.DIAGONAL_TILES["backward", "scan"], layout.AUTO
     assert layout._diagonal(16, 1024, 1024, 132, tiles, auto).segments == 1
     lay = layout._diagonal(2, 16384, 1024, 132, tiles, auto)
     assert lay.segments > 1 and lay.seg_len % lay.tile == 0 and not lay.lookback
@@ -209,12 +209,12 @@ def test_plan_splits_time_only_for_small_b_times_d():
 
 
 def test_a_forward_split_is_the_single_pass():
-    tiles, auto = layout.DIAGONAL_TILES["forward", "scan"], (0, 0, 0, False)
+    tiles, auto = layout.DIAGONAL_TILES["forward", "scan"], layout.AUTO
     single = layout.LOOKBACK_TILES["forward", "scan"]
     assert not layout._diagonal(16, 1024, 1024, 132, tiles, auto, single).lookback
     lay = layout._diagonal(2, 16384, 1024, 132, tiles, auto, single)
     assert lay.lookback and lay.seg_len == lay.tile and lay.segments == -(-16384 // lay.tile)
-    assert not layout._diagonal(2, 16384, 1024, 132, tiles, (0, 8, 0, False), single).lookback  # forced two-pass
+    assert not layout._diagonal(2, 16384, 1024, 132, tiles, (0, 8, 0, False, 0, 0), single).lookback  # forced two-pass
 
 
 def test_forced_layout_sets_tile_and_segments():

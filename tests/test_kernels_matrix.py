@@ -192,8 +192,23 @@ def test_plan_splits_short_walks_only_at_the_short_split_k():
 
 def test_plan_never_puts_two_lanes_in_a_program():
     cpu = torch.device("cpu")
-    # k = 8, width 17 (matrix_affine_scan's backward at v = 1): the budget allows 2 lanes; the plan takes 1
-    assert layout.matrix(1024, 64, 8, 17, cpu).block == 1
-    assert layout.matrix(1024, 64, 8, 9, cpu).block == 4  # its forward keeps 4
+    # k = 16, width 6: the product budget allows 2 lanes; the plan takes 1
+    assert layout.matrix(1024, 64, 16, 6, cpu).block == 1
+    assert layout.matrix(1024, 64, 16, 4, cpu).block == 4  # a budget of 4 keeps 4
     with layout.forced_layout(block=2):
-        assert layout.matrix(1024, 64, 8, 17, cpu).block == 2  # a forced layout is obeyed
+        assert layout.matrix(1024, 64, 16, 6, cpu).block == 2  # a forced layout is obeyed
+
+
+def test_plan_tiles_and_lanes_per_k_and_direction():
+    cpu = torch.device("cpu")  # counts as layout.CPU_SMS SMs
+    full = layout.MATRIX_PROGRAMS_PER_SM * layout.CPU_SMS
+    for direction in ("forward", "backward"):
+        for width in (9, 16, 24):  # k = 8: one lane and one warp per program once the lanes fill the GPU
+            assert layout.matrix(full, 64, layout.LANE_K, width, cpu, direction)[:5:4] == (1, 1)
+            assert layout.matrix(full - 1, 64, layout.LANE_K, width, cpu, direction)[:5:4] == (4, 4)
+        for k in (2, 4, 8, 16):
+            want = layout.MATRIX_TILES.get((k, direction), layout.MATRIX_TILE)
+            assert layout.matrix(64, 1024, k, k + 1, cpu, direction).tile == want
+    assert layout.MATRIX_TILES[8, "forward"] == 1 and layout.MATRIX_TILES[4, "backward"] == 2
+    with layout.forced_layout(tile=4, warps=2, block=8):
+        assert layout.matrix(full, 64, 8, 9, cpu)[:5] == (8, 4, 1, 64, 2)

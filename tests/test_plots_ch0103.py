@@ -81,7 +81,7 @@ def test_guard_cost_falls_back_to_the_event_clock():
 def test_planner_hooks_answer_for_any_sm_count():
     few, many = kernel_hooks.diagonal_plan(64, 4096, 64, sms=8), kernel_hooks.diagonal_plan(64, 4096, 64, sms=1024)
     assert few.segments == 1 < many.segments  # 64 rows fill 8 SMs; 1024 SMs want a split
-    lab, long = kernel_hooks.matrix_plan(128, 64, 8, 8, 8, sms=8), kernel_hooks.matrix_plan(4, 4096, 8, 8, 8, sms=8)
+    lab, long = kernel_hooks.matrix_plan(128, 64, 8, 8, 8, sms=8), kernel_hooks.matrix_plan(2, 4096, 8, 8, 8, sms=8)
     assert lab.segments == 1 and long.segments > 1
     assert kernel_hooks.rotation_plan(64, 3, 8, 4).segments == 1
     fig, grids = plots.plan_maps(lambda r, c, sms: r * c + sms, {"a": 1, "b": 2}, [1, 2], [3], "rows", "cols", "x")

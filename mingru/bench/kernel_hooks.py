@@ -33,7 +33,7 @@ def diagonal_plan(B, T, D, device=None, sms=None):
         plan = layout.diagonal(B, T, D, device, "forward", "scan")
     else:
         plan = layout._diagonal(int(B), int(T), int(D), int(sms), layout.DIAGONAL_TILES["forward", "scan"],
-                                (0, 0, 0, False), layout.LOOKBACK_TILES["forward", "scan"])
+                                layout.AUTO, layout.LOOKBACK_TILES["forward", "scan"])
     return Layout(plan.tile, plan.segments, plan.lookback)
 
 
@@ -77,7 +77,7 @@ def matrix_plan(B, T, n, k, v, sms, direction="forward", prefix=True):
     matrix_recurrence)."""
     from mingru.kernels import layout
     width = v + k + (k if direction == "backward" and prefix else 0)
-    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), (0, 0, 0, False))
+    return layout._matrix(int(B * n), int(T), int(k), int(width), int(sms), direction, layout.AUTO)
 
 
 def rotation_plan(T, layers, k, itemsize, backward=False):
@@ -88,7 +88,8 @@ def rotation_plan(T, layers, k, itemsize, backward=False):
 
 def planner_rules():
     """{name: docstring} of the planner module and of its three family rules and the shared time split,
-    {name: value} of its module-level numeric constants, and one row per diagonal form's Tiles."""
+    {name: value} of its module-level numeric constants, and one row per diagonal form's Tiles (its
+    prefetch switch as yes / no)."""
     import inspect
 
     from mingru.kernels import layout
@@ -96,6 +97,6 @@ def planner_rules():
             "matrix": layout.matrix, "rotation": layout.rotation}
     constants = {name: value for name, value in vars(layout).items()
                  if name.isupper() and isinstance(value, (int, float)) and not isinstance(value, bool)}
-    tiles = [{"direction": direction, "form": form, **tiles._asdict()}
+    tiles = [{"direction": direction, "form": form, **tiles._asdict(), "prefetch": "yes" if tiles.prefetch else "no"}
              for (direction, form), tiles in layout.DIAGONAL_TILES.items()]
     return {name: inspect.getdoc(obj) for name, obj in docs.items()}, constants, tiles

@@ -33,17 +33,19 @@ class Plan(NamedTuple):
                             # the segments before it as they publish it (diagonal scans only)
 
 
-_forced = (0, 0, 0, False)  # (tile, segments, block, lookback); 0 = the planner's choice
+AUTO = (0, 0, 0, False, 0, 0)  # (tile, segments, block, lookback, warps, stages); 0 = the planner's choice
+_forced = AUTO
 
 
 @contextlib.contextmanager
-def forced_layout(tile=0, segments=0, block=0, lookback=False):
+def forced_layout(tile=0, segments=0, block=0, lookback=False, warps=0, stages=0):
     """Force the tile length, the number of time segments and the lanes per program (0: automatic)
     of every diagonal and matrix plan made inside the block; rotation plans take only `block`.
     `lookback` forces a diagonal scan's single pass, one tile per segment (`segments` is then
-    ignored)."""
+    ignored). `warps` and `stages` (0: automatic) apply to diagonal and matrix plans (the single pass
+takes only `warps`)."""
     global _forced
-    old, _forced = _forced, (int(tile), int(segments), int(block), bool(lookback))
+    old, _forced = _forced, (int(tile), int(segments), int(block), bool(lookback), int(warps), int(stages))
     try:
         yield
     finally:
@@ -98,8 +100,10 @@ DIAGONAL_TILES = {
 }
 # The single pass that replaces a two-pass split: (tile, block, warps) per (direction, op form). Each
 # program loads one tile, publishes its aggregate, and takes its carry from the tiles before it in
-# the scan's direction (decoupled look-back), so the inputs are read once. The forward's choices come
-# from a sweep on the H200; the backward's one choice for all forms has not been swept.
+# the scan's direction (decoupled look-back), so the inputs are read once. The choices come from sweeps
+# on the H200; the backward's (tile 64, 128, 256; block 32, 64; 1, 2, 4 warps), of linear_scan at
+# B2 T16384 D1024, B4 T16384 D1024 and B1 T65536 D256: its one choice for all forms was fastest at the
+# first two and 8 % behind 1 warp at the third.
 LOOKBACK_TILES = {("forward", "scan"): (128, 32, 4), ("forward", "rec"): (64, 32, 2),
                   ("forward", "log"): (64, 32, 1), ("forward", "gate"): (64, 32, 2),
                   **{("backward", form): (64, 32, 2) for form in ("scan", "rec", "log", "gate")}}
@@ -129,14 +133,14 @@ def _diagonal(B, T, D, sms, tiles, forced, single=None):
                                    tiles.per_sm, DIAGONAL_MAX_SEGMENTS, forced[1])
     if segments > 1 and single and not forced[1]:
         return _lookback(T, D, single, forced)
-    return Plan(block, tile, segments, seg_len, tiles.warps, tiles.stages, tiles.prefetch)
+    return Plan(block, tile, segments, seg_len, forced[4] or tiles.warps, forced[5] or tiles.stages, tiles.prefetch)
 
 
 def _lookback(T, D, single, forced):
     tile, block, warps = single
     tile = forced[0] or min(tile, next_pow2(T))
     block = forced[2] or min(block, next_pow2(D))
-    return Plan(block, tile, cdiv(T, tile), tile, warps, 1, lookback=True)
+    return Plan(block, tile, cdiv(T, tile), tile, forced[4] or warps, 1, lookback=True)
 
 
 # ---- matrix: one lane per (b, n), a k x width state in registers ----------------------------
@@ -148,28 +152,41 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 # 8 minimum segments. At the seed's lab shape (T = 64) on an H200 that split ran faster at k = 4,
 # and slower at k = 8 and 16 (their products make the first pass and the carry fold dearer).
 SHORT_SPLIT_K = 4
+# (k, direction) whose tile is not MATRIX_TILE. Sweeps of tiles 1, 2, 4 on the H200 at B128 T64 and
+# B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
+# they hide there); k = 4's backward ran fastest at 2; k = 2 and 16 keep 4.
+MATRIX_TILES = {(4, "backward"): 2, (8, "forward"): 1, (8, "backward"): 1}
+# k whose lanes, when they alone fill the GPU, walk one lane per program with one warp, else four
+# lanes per program with four warps (the same sweeps, blocks 1 to 8 and 1 to 4 warps).
+LANE_K = 8
 
 
-def matrix(lanes, T, k, width, device):
-    """Plan of a walk over `lanes` states of k x `width` along T steps: the most lanes (a power of
-    two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM; the walk is latency-bound,
-    so T is split below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
+def matrix(lanes, T, k, width, device, direction="forward"):
+    """Plan of a walk over `lanes` states of k x `width` along T steps in `direction`: the most lanes
+    (a power of two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM, with 4 warps
+    and MATRIX_TILES' tile; at k = LANE_K, one lane and one warp per program when the lanes give
+    MATRIX_PROGRAMS_PER_SM programs per SM, else four lanes. The walk is latency-bound, so T is split
+    below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
     (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
-    return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), _forced)
+    return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)
 
 
 @functools.lru_cache(maxsize=1024)
-def _matrix(lanes, T, k, width, sms, forced):
-    block = forced[2] or max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
-    if block == 2 and not forced[2]:
+def _matrix(lanes, T, k, width, sms, direction, forced):
+    block = max(1, min(128, next_pow2(lanes), _pow2_floor(PRODUCTS_PER_PROGRAM // (k * k * width))))
+    if block == 2:
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
-    tile = forced[0] or MATRIX_TILE
+    warps = 4
+    if k == LANE_K:
+        block, warps = (1, 1) if lanes >= MATRIX_PROGRAMS_PER_SM * sms else (4, 4)
+    block, warps = forced[2] or block, forced[4] or warps
+    tile = forced[0] or MATRIX_TILES.get((k, direction), MATRIX_TILE)
     min_len = MATRIX_MIN_SEGMENT
     if k == SHORT_SPLIT_K:
         min_len = max(2 * tile, min(min_len, T // 8))
     segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, 4, MATRIX_PROGRAMS_PER_SM,
                                    MATRIX_PROGRAMS_PER_SM, T, forced[1])
-    return Plan(block, tile, segments, seg_len if segments > 1 else T, 4, 1)
+    return Plan(block, tile, segments, seg_len if segments > 1 else T, warps, forced[5] or 1)
 
 
 def _pow2_floor(n):

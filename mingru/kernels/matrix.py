@@ -405,11 +405,11 @@ class _Plan(NamedTuple):
     last: dict        # the main pass's
 
 
-def _walk(shape, v, width, dtype, device, prec):
-    """The grid, the segment count and the arguments every pass of a walk over A (B, T, n, k, k) with
-    a k x `width` state shares."""
+def _walk(shape, v, width, dtype, device, prec, direction):
+    """The grid, the segment count and the arguments every pass of a walk in `direction` over
+    A (B, T, n, k, k) with a k x `width` state shares."""
     B, T, n, k, _ = shape
-    lay = layout.matrix(B * n, T, k, width, device)
+    lay = layout.matrix(B * n, T, k, width, device, direction)
     f64 = dtype == torch.float64
     dot = k >= 16 and not f64
     shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
@@ -428,7 +428,7 @@ def _forward_plan(shape, v, a, x, h0, h, p, dtype, device, forced, prec):
     absent). forced is layout's forced layout, which layout.matrix reads: it keys the memo."""
     B, T, n, k, _ = shape
     # width + k: the time split's first pass carries the product
-    grid, segments, shared = _walk(shape, v, v + k, dtype, device, prec)
+    grid, segments, shared = _walk(shape, v, v + k, dtype, device, prec, "forward")
     base = dict(shared, **_seq("a", a), **_seq("xh", x))
     rows, first, agg = (), None, (None, None)
     if segments > 1:  # first pass: every segment's product and offset
@@ -447,7 +447,7 @@ def _backward_plan(shape, v, a, gp, gh, sp, sh, h0, da, dx, dh0, dtype, device, 
     """The plan of `_backward`, as `_forward_plan`: the strides of each of its tensors (None: absent)."""
     B, T, n, k, _ = shape
     has_p = sp is not None
-    grid, segments, shared = _walk(shape, v, v + k + (k if has_p else 0), dtype, device, prec)
+    grid, segments, shared = _walk(shape, v, v + k + (k if has_p else 0), dtype, device, prec, "backward")
     base = dict(shared, **_seq("a", a), **_seq("gp", gp), **_seq("gh", gh), HAS_P=has_p, segments=segments)
     rows, first, agg = (), None, (None, None, None)
     if segments > 1:  # first pass: every segment's map lam_end -> lam_start, later segments first
