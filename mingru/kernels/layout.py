@@ -156,6 +156,7 @@ SHORT_SPLIT_K = 4
 # B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
 # they hide there); k = 4's backward ran fastest at 2; k = 2 and 16 keep 4.
 MATRIX_TILES = {(4, "backward"): 2, (8, "forward"): 1, (8, "backward"): 1}
+MATRIX_PREFETCH = True  # a walk of one step at a time holds the next step's inputs in registers
 # k whose lanes, when they alone fill the GPU, walk one lane per program with one warp, else four
 # lanes per program with four warps (the same sweeps, blocks 1 to 8 and 1 to 4 warps).
 LANE_K = 8
@@ -164,7 +165,7 @@ LANE_K = 8
 def matrix(lanes, T, k, width, device, direction="forward"):
     """Plan of a walk over `lanes` states of k x `width` along T steps in `direction`: the most lanes
     (a power of two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM, with 4 warps
-    and MATRIX_TILES' tile; at k = LANE_K, one lane and one warp per program when the lanes give
+    and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one lane and one warp per program when the lanes give
     MATRIX_PROGRAMS_PER_SM programs per SM, else four lanes. The walk is latency-bound, so T is split
     below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
     (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
@@ -186,7 +187,8 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
         min_len = max(2 * tile, min(min_len, T // 8))
     segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, 4, MATRIX_PROGRAMS_PER_SM,
                                    MATRIX_PROGRAMS_PER_SM, T, forced[1])
-    return Plan(block, tile, segments, seg_len if segments > 1 else T, warps, forced[5] or 1)
+    return Plan(block, tile, segments, seg_len if segments > 1 else T, warps, forced[5] or 1,
+                prefetch=MATRIX_PREFETCH and tile == 1)
 
 
 def _pow2_floor(n):

@@ -159,32 +159,44 @@ def _fwd_step(P, H, a, xp, xh, t, end, op_tile, op_st, oh_tile, oh_st, live,
 def _fwd_walk(P, H, a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st,
               start, end, live, eye, K: tl.constexpr, V: tl.constexpr, PMODE: tl.constexpr,
               STORE: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
-              DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+              DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr):
     """Steps start..end-1 of S_t = A_t S_{t-1} + X_t from the state (P, H); STORE writes every S_t.
 
     TILE steps per iteration: their loads do not depend on the state, so all are issued before
     the first matmul waits; STAGES > 1 lets Triton's pipeliner prefetch iterations ahead.
+    PREFETCH (TILE = 1): registers hold the next step's inputs, loaded before this step's products.
     """
-    for t0 in tl.range(start, end, TILE, num_stages=STAGES):
-        a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, K, V, PMODE, F64)
-        if TILE >= 2:
-            a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 1, end, live, eye,
+    if PREFETCH:
+        a, xp, xh = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, start, end, live, eye, K, V, PMODE, F64)
+        for t in tl.range(start, end, 1, num_stages=STAGES):
+            a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t + 1, end, live, eye,
                                      K, V, PMODE, F64)
-        if TILE >= 4:
-            a2, xp2, xh2 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 2, end, live, eye,
-                                     K, V, PMODE, F64)
-            a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
-                                     K, V, PMODE, F64)
-        P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
-                         PMODE, STORE, DOT_P, DOT_H, PREC)
-        if TILE >= 2:
-            P, H = _fwd_step(P, H, a1, xp1, xh1, t0 + 1, end, op_tile, op_st, oh_tile, oh_st, live,
+            P, H = _fwd_step(P, H, a, xp, xh, t, end, op_tile, op_st, oh_tile, oh_st, live,
                              PMODE, STORE, DOT_P, DOT_H, PREC)
-        if TILE >= 4:
-            P, H = _fwd_step(P, H, a2, xp2, xh2, t0 + 2, end, op_tile, op_st, oh_tile, oh_st, live,
+            a, xh = a1, xh1
+            if PMODE == ADJ:  # otherwise xp is the constant 0
+                xp = xp1
+    else:
+        for t0 in tl.range(start, end, TILE, num_stages=STAGES):
+            a0, xp0, xh0 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0, end, live, eye, K, V, PMODE, F64)
+            if TILE >= 2:
+                a1, xp1, xh1 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 1, end, live, eye,
+                                         K, V, PMODE, F64)
+            if TILE >= 4:
+                a2, xp2, xh2 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 2, end, live, eye,
+                                         K, V, PMODE, F64)
+                a3, xp3, xh3 = _fwd_load(a_tile, a_st, xp_tile, xp_st, xh_tile, xh_st, t0 + 3, end, live, eye,
+                                         K, V, PMODE, F64)
+            P, H = _fwd_step(P, H, a0, xp0, xh0, t0, end, op_tile, op_st, oh_tile, oh_st, live,
                              PMODE, STORE, DOT_P, DOT_H, PREC)
-            P, H = _fwd_step(P, H, a3, xp3, xh3, t0 + 3, end, op_tile, op_st, oh_tile, oh_st, live,
-                             PMODE, STORE, DOT_P, DOT_H, PREC)
+            if TILE >= 2:
+                P, H = _fwd_step(P, H, a1, xp1, xh1, t0 + 1, end, op_tile, op_st, oh_tile, oh_st, live,
+                                 PMODE, STORE, DOT_P, DOT_H, PREC)
+            if TILE >= 4:
+                P, H = _fwd_step(P, H, a2, xp2, xh2, t0 + 2, end, op_tile, op_st, oh_tile, oh_st, live,
+                                 PMODE, STORE, DOT_P, DOT_H, PREC)
+                P, H = _fwd_step(P, H, a3, xp3, xh3, t0 + 3, end, op_tile, op_st, oh_tile, oh_st, live,
+                                 PMODE, STORE, DOT_P, DOT_H, PREC)
     return P, H
 
 
@@ -195,7 +207,7 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_
                     K: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr, PMODE: tl.constexpr,
                     HAS_H0: tl.constexpr, AGG_PASS: tl.constexpr, SPLIT: tl.constexpr,
                     TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
-                    DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
+                    DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr):
     """Walk segment c = program_id(1) of BLOCK lanes.
 
     AGG_PASS: from (I, 0), write only the segment's aggregate (product, offset) to row c of OP, OH.
@@ -217,9 +229,9 @@ def _forward_kernel(A, a_sb, a_st, a_sn, XH, xh_sb, xh_st, xh_sn, H0, h0_sb, h0_
     if SPLIT:  # the aggregates are a short sequence with the same recurrence
         P, H = _fwd_walk(P, H, _lane_ptrs(GP, gp_sb, gp_sn, b, i, K, K), gp_st, a_tile, 0,
                          _lane_ptrs(GH, gh_sb, gh_sn, b, i, K, V), gh_st, op_tile, 0, oh_tile, 0, 0, c, live, eye,
-                         K, V, PMODE, False, TILE, STAGES, F64, DOT_P, DOT_H, PREC)
+                         K, V, PMODE, False, TILE, STAGES, F64, DOT_P, DOT_H, PREC, PREFETCH)
     P, H = _fwd_walk(P, H, a_tile, a_st, a_tile, 0, xh_tile, xh_st, op_tile, op_st, oh_tile, oh_st, start, end,
-                     live, eye, K, V, PMODE, not AGG_PASS, TILE, STAGES, F64, DOT_P, DOT_H, PREC)
+                     live, eye, K, V, PMODE, not AGG_PASS, TILE, STAGES, F64, DOT_P, DOT_H, PREC, PREFETCH)
     if AGG_PASS:
         _store(op_tile, c, op_st, P, live)
         _store(oh_tile, c, oh_st, H, live)
@@ -276,8 +288,8 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
                      K: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr, HAS_P: tl.constexpr,
                      HAS_H0: tl.constexpr, SPLIT: tl.constexpr, GRADS: tl.constexpr,
                      TILE: tl.constexpr, STAGES: tl.constexpr, F64: tl.constexpr,
-                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr):
-    """Walk segment c backwards.
+                     DOT_P: tl.constexpr, DOT_H: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr):
+    """Walk segment c backwards (PREFETCH as in `_fwd_walk`).
 
     GRADS writes dA, dX (and dh0), starting (when SPLIT) from lam at the start of segment c+1,
     carried through the aggregates of the later segments. Otherwise the segment's aggregate
@@ -306,40 +318,57 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
         if HAS_P:
             LP, LH = _fwd_walk(LP, LH, om_tile, om_st, _lane_ptrs(OP, op_sb, op_sn, b, i, K, K), op_st, oh_tile, oh_st,
                                om_tile, 0, oh_tile, 0, 0, segments - 1 - c, live, eye, K, V, ADJ, False, TILE,
-                               STAGES, F64, DOT_P, DOT_H, PREC)
+                               STAGES, F64, DOT_P, DOT_H, PREC, PREFETCH)
         else:
             LP, LH = _fwd_walk(LP, LH, om_tile, om_st, om_tile, 0, oh_tile, oh_st, om_tile, 0, oh_tile, 0,
                                0, segments - 1 - c, live, eye, K, V, NO_P, False, TILE, STAGES, F64,
-                               DOT_P, DOT_H, PREC)
+                               DOT_P, DOT_H, PREC, PREFETCH)
     h_init = _zeros(BLOCK, K, V, F64)
     if HAS_H0:
         h_init = _load(_lane_ptrs(H0, h0_sb, h0_sn, b, i, K, V), 0, 0, live, K, V, F64)
 
-    for j0 in tl.range(0, end - start, TILE, num_stages=STAGES):
-        t0 = end - 1 - j0
-        a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                           sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
-        if TILE >= 2:
+    if PREFETCH:
+        a, gp, gh, sp, sh = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st, sh_tile, sh_st,
+                                      h_init, end - 1, start, T, live, eye, K, V, HAS_P, GRADS, F64)
+        for j in tl.range(0, end - start, 1, num_stages=STAGES):
+            t = end - 1 - j
             a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-        if TILE >= 4:
-            a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-            a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
-                                               K, V, HAS_P, GRADS, F64)
-        M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
-                              live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if TILE >= 2:
-            M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-        if TILE >= 4:
-            M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
-            M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
-                                  dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+                                               sh_tile, sh_st, h_init, t - 1, start, T, live, eye, K, V, HAS_P, GRADS, F64)
+            M, LP, LH = _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, dx_st,
+                                  live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+            a, gh = a1, gh1
+            if HAS_P:  # otherwise gp and sp are the constant 0
+                gp = gp1
+                if GRADS:
+                    sp = sp1
+            if GRADS:  # otherwise sh is the constant 0
+                sh = sh1
+    else:
+        for j0 in tl.range(0, end - start, TILE, num_stages=STAGES):
+            t0 = end - 1 - j0
+            a0, gp0, gh0, sp0, sh0 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                               sh_tile, sh_st, h_init, t0, start, T, live, eye, K, V, HAS_P, GRADS, F64)
+            if TILE >= 2:
+                a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                                   sh_tile, sh_st, h_init, t0 - 1, start, T, live, eye,
+                                                   K, V, HAS_P, GRADS, F64)
+            if TILE >= 4:
+                a2, gp2, gh2, sp2, sh2 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                                   sh_tile, sh_st, h_init, t0 - 2, start, T, live, eye,
+                                                   K, V, HAS_P, GRADS, F64)
+                a3, gp3, gh3, sp3, sh3 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
+                                                   sh_tile, sh_st, h_init, t0 - 3, start, T, live, eye,
+                                                   K, V, HAS_P, GRADS, F64)
+            M, LP, LH = _bwd_step(M, LP, LH, a0, gp0, gh0, sp0, sh0, t0, start, da_tile, da_st, dx_tile, dx_st,
+                                  live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+            if TILE >= 2:
+                M, LP, LH = _bwd_step(M, LP, LH, a1, gp1, gh1, sp1, sh1, t0 - 1, start, da_tile, da_st, dx_tile,
+                                      dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+            if TILE >= 4:
+                M, LP, LH = _bwd_step(M, LP, LH, a2, gp2, gh2, sp2, sh2, t0 - 2, start, da_tile, da_st, dx_tile,
+                                      dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
+                M, LP, LH = _bwd_step(M, LP, LH, a3, gp3, gh3, sp3, sh3, t0 - 3, start, da_tile, da_st, dx_tile,
+                                      dx_st, live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
 
     if GRADS:
         if HAS_H0:  # dh0 = A_1^T lam_1, from the program that walked t = 0
@@ -413,7 +442,7 @@ def _walk(shape, v, width, dtype, device, prec, direction):
     f64 = dtype == torch.float64
     dot = k >= 16 and not f64
     shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
-                  STAGES=lay.stages, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16, PREC=prec if dot else "ieee",
+                  STAGES=lay.stages, PREFETCH=lay.prefetch, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16, PREC=prec if dot else "ieee",
                   num_warps=lay.warps)
     return (cdiv(B * n, lay.block), lay.segments), lay.segments, shared
 
