@@ -154,9 +154,11 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 SHORT_SPLIT_K = 4
 # (k, direction) whose tile is not MATRIX_TILE. Sweeps of tiles 1, 2, 4 on the H200 at B128 T64 and
 # B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
-# they hide there); k = 4's backward ran fastest at 2; k = 2 and 16 keep 4.
+# they hide there); k = 4's backward ran fastest at 2; k = 16 keeps 4 (k = 2 was not swept).
 MATRIX_TILES = {(4, "backward"): 2, (8, "forward"): 1, (8, "backward"): 1}
-MATRIX_PREFETCH = True  # a walk of one step at a time holds the next step's inputs in registers
+# A walk of one step at a time holds the next step's inputs in registers. At k = 8 on the H200 (B128 T64,
+# B16 T1024) that ran faster than loading each step when it is used and than Triton's pipeliner.
+MATRIX_PREFETCH = True
 # k whose lanes, when they alone fill the GPU, walk one lane per program with one warp, else four
 # lanes per program with four warps (the same sweeps, blocks 1 to 8 and 1 to 4 warps).
 LANE_K = 8
@@ -165,8 +167,9 @@ LANE_K = 8
 def matrix(lanes, T, k, width, device, direction="forward"):
     """Plan of a walk over `lanes` states of k x `width` along T steps in `direction`: the most lanes
     (a power of two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM, with 4 warps
-    and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one lane and one warp per program when the lanes give
-    MATRIX_PROGRAMS_PER_SM programs per SM, else four lanes. The walk is latency-bound, so T is split
+    and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one
+    lane and one warp per program when the lanes give MATRIX_PROGRAMS_PER_SM programs per SM, else
+    four lanes. The walk is latency-bound, so T is split
     below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
     (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)

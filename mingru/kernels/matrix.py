@@ -9,8 +9,9 @@ matrix_scan is the k=2, v=1 instance. The backward is the same walk in reverse t
 and reads only the forward's inputs and outputs (no saved intermediates, no division).
 
 Layout (`layout.matrix`): a program owns BLOCK lanes and walks one time segment, TILE steps per
-iteration. With one segment that is the whole sequence. With several, a first pass writes each
-segment's aggregate (its own product and offset); in the second pass each program first walks
+iteration (one step with PREFETCH: the next step's inputs load while this one multiplies). With
+one segment that is the whole sequence. With several, a first pass writes each segment's
+aggregate (its own product and offset); in the second pass each program first walks
 the aggregates of the segments before its own (a short sequence with the same recurrence, so the
 same code) to get its carry, then re-walks its segment from there. The backward is split the same
 way, the later segments first.
