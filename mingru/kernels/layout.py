@@ -42,8 +42,8 @@ def forced_layout(tile=0, segments=0, block=0, lookback=False, warps=0, stages=0
     """Force the tile length, the number of time segments and the lanes per program (0: automatic)
     of every diagonal and matrix plan made inside the block; rotation plans take only `block`.
     `lookback` forces a diagonal scan's single pass, one tile per segment (`segments` is then
-    ignored). `warps` and `stages` (0: automatic) apply to diagonal and matrix plans (the single pass
-takes only `warps`)."""
+    ignored). `warps` and `stages` (0: automatic) apply to diagonal and matrix plans (the single
+    pass takes only `warps`)."""
     global _forced
     old, _forced = _forced, (int(tile), int(segments), int(block), bool(lookback), int(warps), int(stages))
     try:
@@ -169,9 +169,9 @@ def matrix(lanes, T, k, width, device, direction="forward"):
     (a power of two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM, with 4 warps
     and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one
     lane and one warp per program when the lanes give MATRIX_PROGRAMS_PER_SM programs per SM, else
-    four lanes. The walk is latency-bound, so T is split
-    below MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments
-    (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
+    four lanes. The walk is latency-bound, so T is split below MATRIX_PROGRAMS_PER_SM programs per
+    SM once it holds four minimum segments (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8
+    where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)
 
 

@@ -334,7 +334,8 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
         for j in tl.range(0, end - start, 1, num_stages=STAGES):
             t = end - 1 - j
             a1, gp1, gh1, sp1, sh1 = _bwd_load(a_tile, a_st, gp_tile, gp_st, gh_tile, gh_st, sp_tile, sp_st,
-                                               sh_tile, sh_st, h_init, t - 1, start, T, live, eye, K, V, HAS_P, GRADS, F64)
+                                               sh_tile, sh_st, h_init, t - 1, start, T, live, eye,
+                                               K, V, HAS_P, GRADS, F64)
             M, LP, LH = _bwd_step(M, LP, LH, a, gp, gh, sp, sh, t, start, da_tile, da_st, dx_tile, dx_st,
                                   live, HAS_P, GRADS, DOT_P, DOT_H, PREC)
             a, gh = a1, gh1
@@ -443,8 +444,8 @@ def _walk(shape, v, width, dtype, device, prec, direction):
     f64 = dtype == torch.float64
     dot = k >= 16 and not f64
     shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
-                  STAGES=lay.stages, PREFETCH=lay.prefetch, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16, PREC=prec if dot else "ieee",
-                  num_warps=lay.warps)
+                  STAGES=lay.stages, PREFETCH=lay.prefetch, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16,
+                  PREC=prec if dot else "ieee", num_warps=lay.warps)
     return (cdiv(B * n, lay.block), lay.segments), lay.segments, shared
 
 
