@@ -154,7 +154,10 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 SHORT_SPLIT_K = 4
 # (k, direction) whose tile is not MATRIX_TILE. Sweeps of tiles 1, 2, 4 on the H200 at B128 T64 and
 # B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
-# they hide there); k = 4's backward ran fastest at 2; k = 16 keeps 4 (k = 2 was not swept).
+# they hide there); k = 4's backward ran fastest at 2; k = 16 keeps 4 (k = 2 was not swept). At k = 16
+# tiles 1 and 4 x 1, 2, 4, 8 lanes x 1, 2, 4 warps gave no plan faster than this one in float32 by more
+# than a few per cent, and one lane with four warps stays. (In bfloat16 at B128 T64 a tile of 1 ran
+# faster both ways; long T was not swept in bfloat16, so the tile does not depend on the dtype yet.)
 MATRIX_TILES = {(4, "backward"): 2, (8, "forward"): 1, (8, "backward"): 1}
 # A walk of one step at a time holds the next step's inputs in registers. At k = 8 on the H200 (B128 T64,
 # B16 T1024) that ran faster than loading each step when it is used and than Triton's pipeliner.

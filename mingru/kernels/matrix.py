@@ -385,6 +385,12 @@ def _backward_kernel(A, a_sb, a_st, a_sn, GP, gp_sb, gp_st, gp_sn, GH, gh_sb, gh
         _store(_lane_ptrs(OH, oh_sb, oh_sn, b, i, K, V), row, oh_st, LH, live)
 
 
+# k from which the products go through tl.dot (its dims must be >= 16); below it, broadcast
+# products summed in registers. At k = 16 the broadcast form (one lane, 1 to 8 warps) ran slower
+# than tl.dot on the H200.
+DOT_K = 16
+
+
 # ---- launches ----------------------------------------------------------------------------
 #
 # A launch passes its tensors plus a plan's arguments (grid, strides, sizes, switches). The plan
@@ -442,7 +448,7 @@ def _walk(shape, v, width, dtype, device, prec, direction):
     B, T, n, k, _ = shape
     lay = layout.matrix(B * n, T, k, width, device, direction)
     f64 = dtype == torch.float64
-    dot = k >= 16 and not f64
+    dot = k >= DOT_K and not f64
     shared = dict(N=n, LANES=B * n, T=T, seg_len=lay.seg_len, K=k, V=v, BLOCK=lay.block, TILE=lay.tile,
                   STAGES=lay.stages, PREFETCH=lay.prefetch, F64=f64, DOT_P=dot, DOT_H=dot and v >= 16,
                   PREC=prec if dot else "ieee", num_warps=lay.warps)
