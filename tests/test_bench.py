@@ -187,7 +187,30 @@ def test_speed_reports_a_compile_failure_and_a_wrong_kernel_as_statuses(monkeypa
     for row in rows:
         assert row["eager_us"] > 0 and row["compile_us"] is None and row["triton_us"] is None
         assert "compile failed: RuntimeError: inductor exploded" in row["status"]
-        assert "triton wrong: max abs error" in row["status"]
+        assert "triton wrong: max abs error" in row["status"] and "vs float64" in row["status"]
+        assert row["triton_checked_against"] == "float64"  # wrong against eager, then against float64
+
+
+def test_speed_judges_a_disagreement_with_eager_against_float64(monkeypatch):
+    """Where eager float32 is the side off the exact answer, a kernel that matches float64 passes
+    (and says so); the same kernel agreeing with eager is checked against eager only."""
+    exact_scan = mingru.scans.linear_recurrence
+
+    def eager_off_in_float32(a, b, h0):
+        h = exact_scan(a, b, h0)
+        return h + 1e-3 if h.dtype == torch.float32 else h
+    monkeypatch.setattr(mingru.scans, "linear_recurrence", eager_off_in_float32)
+    monkeypatch.setattr(mingru.dispatch, "triton_impl", lambda name: exact_scan)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rows = speed.measure_subject("linear_recurrence", dict(B=1, T=4, D=3), "lab", torch.device("cpu"), False,
+                                 {"triton_interpret": True}, "eager")
+    for row in rows:
+        assert row["status"] == "ok" and row["triton_us"] > 0, row["status"]
+        assert row["triton_checked_against"] == "float64" and row["triton_err"] < 1e-6
+    monkeypatch.setattr(mingru.scans, "linear_recurrence", exact_scan)
+    rows = speed.measure_subject("linear_recurrence", dict(B=1, T=4, D=3), "lab", torch.device("cpu"), False,
+                                 {"triton_interpret": True}, "eager")
+    assert all(row["triton_checked_against"] == "eager" and row["status"] == "ok" for row in rows)
 
 
 def test_gpu_run_needs_cuda(capsys):

@@ -5,6 +5,7 @@ Its dims: B, T and D for the diagonal ops; B, T, n blocks of k (x v) for the mat
 L Givens layers for rotation_recurrence; B, T, d (and GivensMinGRU's k, L) for the mixers;
 h0=True adds a start state (gated_recurrence always takes one).
 """
+import copy
 import math
 from dataclasses import dataclass
 
@@ -34,6 +35,14 @@ class Job:
     @property
     def leaves(self):
         return tuple(x for x in self.inputs if x is not None and x.requires_grad) + self.params
+
+    def in_float64(self):
+        """The same job in float64 (a mixer: a float64 copy of the module), its inputs requiring
+        grad where this job's do; leaves pair up with this job's in order."""
+        fn = copy.deepcopy(self.fn).double() if isinstance(self.fn, torch.nn.Module) else self.fn
+        inputs = tuple(None if x is None else x.detach().double().requires_grad_(x.requires_grad)
+                       for x in self.inputs)
+        return Job(self.name, fn, inputs, tuple(fn.parameters()) if self.params else ())
 
 
 def kernels_run(device, env):
