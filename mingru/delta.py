@@ -156,7 +156,7 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
 
     lg = None if log_gamma is None else _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
     if across == "carry" or (across is None and runs_eager(q)):
-        Y, h = _carry(Q, K, V, b, lg, nh, causal, h)
+        Y, h = _carry(Q, K, V, b, lg, nh, causal, h_0)
         return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
     tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
     strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
@@ -221,6 +221,7 @@ def _carry(Q, K, V, b, lg, nh, causal, h):
     d_v right-hand sides (the affine maps' has d_v + d_k) and it forms no d_k x d_k map, so where
     the chunks run one at a time anyway (eager) it is the cheaper form. The terms that do not read
     the state are formed for every chunk at once (under autograd); `_Carried` runs the chain.
+    h (B,H,d_k,d_v), or None for a zero start state (the first chunk then skips its state terms).
     Returns (Y (N,B,H,C,d_v), H_T)."""
     N, B, H, _, d_k = K.shape
     d_v = V.shape[-1]
@@ -230,7 +231,7 @@ def _carry(Q, K, V, b, lg, nh, causal, h):
     read = read.tril_() if nh == 1 else read.masked_fill_(~causal, 0.0)
     flat = [x.flatten(1, 2) for x in (tri, read, Kh, Qh, Kc, V)]  # (N, B*H, ...): views
     decay = None if log_end is None else log_end.exp().flatten(1, 2)
-    Y, h = _Carried.apply(*flat, decay, h.reshape(B * H, d_k, d_v))
+    Y, h = _Carried.apply(*flat, decay, None if h is None else h.reshape(B * H, d_k, d_v))
     return Y.unflatten(1, (B, H)), h.view(B, H, d_k, d_v)
 
 
@@ -239,9 +240,11 @@ class _Carried(torch.autograd.Function):
 
         u_n = T_n^{-1} (V_n - Kh_n h_n),  h_{n+1} = decay_n h_n + Kc_n u_n,  Y_n = Qh_n h_n + read_n u_n
 
-    T_n = I + the strictly lower part of tri_n (the rest is never read). Forward: per chunk one
-    solve and two batched multiply-adds; Y for every chunk at once after the chain. Backward, the
-    adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1}, dr_n = T_n^{-T} du_n,
+    T_n = I + the strictly lower part of tri_n (the rest is never read). h_0 None is a zero start:
+    chunk 0's terms in h_0 are skipped, and so are their gradients (the state terms run over the
+    chunks from `first`, 1 for a zero start, else 0). Forward: per chunk one solve and two batched
+    multiply-adds; Y for every chunk at once after the chain. Backward, the adjoint chain from the
+    last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1}, dr_n = T_n^{-T} du_n,
     dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other gradient for all chunks at
     once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower, dread = dY u^T, ...). Autograd
     records no step: the backward keeps the inputs, the chunk start states and the u's.
@@ -249,41 +252,60 @@ class _Carried(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tri, read, Kh, Qh, Kc, V, decay, h):
+        first = int(h is None)
         starts, U = [], []
         for n in range(tri.shape[0]):
+            if h is None:
+                U.append(scans.unit_lower_solve(tri[n], V[n]))
+                h = torch.bmm(Kc[n], U[n])
+                continue
             starts.append(h)
             U.append(scans.unit_lower_solve(tri[n], torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
             h = torch.baddbmm(h if decay is None else decay[n, :, None, None] * h, Kc[n], U[n])
-        starts, U = torch.stack(starts), torch.stack(U)
-        Y = torch.baddbmm(torch.matmul(Qh, starts).flatten(0, 1), read.flatten(0, 1), U.flatten(0, 1))
+        U = torch.stack(U)
+        Y = torch.matmul(read, U)
+        if starts:
+            starts = torch.stack(starts)
+            Y[first:] += torch.matmul(Qh[first:], starts)
+        else:
+            starts = U.new_zeros(0, *h.shape)
+        ctx.first = first
         ctx.save_for_backward(tri, read, Kh, Qh, Kc, decay, starts, U)
-        return Y.unflatten(0, (len(U), -1)), h
+        return Y, h
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dY, dh):
         tri, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors
-        dh = torch.zeros_like(starts[0]) if dh is None else dh
+        first = ctx.first
+        dh = Kc.new_zeros(Kc.shape[1], Kc.shape[2], U.shape[-1]) if dh is None else dh
         read_dY = torch.matmul(read.mT, dY)              # (N, G, M, d_v)
-        Qh_dY = torch.matmul(Qh.mT, dY)                  # (N, G, d_k, d_v)
+        Qh_dY = torch.matmul(Qh[first:].mT, dY[first:])  # (N - first, G, d_k, d_v)
         dR, ends = [], []                                # dr_n, dh_{n+1}, from the last chunk
         for n in range(tri.shape[0] - 1, -1, -1):
             ends.append(dh)
-            # T^{-T} du as (du^T T^{-1})^T: the solve from the right reads tri as the forward does
+            # T^{-T} du: an upper solve with tri^T reads the entries of tri the forward's solve read
+            # (a lower solve from the right, the same thing, ran several times slower on a CPU)
             du = torch.baddbmm(read_dY[n], Kc[n].mT, dh)
-            dR.append(torch.linalg.solve_triangular(tri[n], du.mT, upper=False, left=False,
-                                                    unitriangular=True).mT)
-            carried = Qh_dY[n] + dh if decay is None else torch.addcmul(Qh_dY[n], decay[n, :, None, None], dh)
+            dR.append(torch.linalg.solve_triangular(tri[n].mT, du, upper=True, unitriangular=True))
+            if n < first:
+                break  # a zero start state takes no gradient
+            q_dy = Qh_dY[n - first]
+            carried = q_dy + dh if decay is None else torch.addcmul(q_dy, decay[n, :, None, None], dh)
             dh = torch.baddbmm(carried, Kh[n].mT, dR[-1], alpha=-1)
         dR, ends = torch.stack(dR[::-1]), torch.stack(ends[::-1])
         Ut = U.mT
         dtri = torch.matmul(-dR, Ut).tril_(-1)
         dread = torch.matmul(dY, Ut)
-        dKh = torch.matmul(-dR, starts.mT)
-        dQh = torch.matmul(dY, starts.mT)
+        dKh, dQh = torch.zeros_like(Kh), torch.zeros_like(Qh)
+        dKh[first:] = torch.matmul(-dR[first:], starts.mT)
+        dQh[first:] = torch.matmul(dY[first:], starts.mT)
         dKc = torch.matmul(ends, Ut)
-        ddecay = None if decay is None else (ends * starts).sum((-2, -1))
-        return dtri, dread, dKh, dQh, dKc, dR, ddecay, dh
+        ddecay = None
+        if decay is not None:
+            ddecay = torch.zeros_like(decay)
+            ddecay[first:] = (ends[first:] * starts).sum((-2, -1))
+        return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh
 
 
 def _walk(A, X, h):
@@ -382,7 +404,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         self._check_x(x, step=False)
         B, T, _ = x.shape
         dt = self._prepare_decay(delta_t, (B, T))
-        h = self._state(h_0, (B, 1, self.state_size), "h_0", x)
+        h = None if h_0 is None else self._state(h_0, (B, 1, self.state_size), "h_0", x)  # None: zeros
         log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
         y, h = delta_rule_chunked(*self._heads(x), log_gamma, h, self.chunk_size)
         y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))

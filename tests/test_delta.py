@@ -46,6 +46,25 @@ def test_chunked_equals_recurrent_with_gradients(chunk_size, nh, gated):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=across)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("nh", [1, 2], ids=["nh1", "nh2"])
+@pytest.mark.parametrize("T", [3, 13], ids=["one-chunk", "four-chunks"])
+def test_no_start_state_is_a_zero_one(T, nh, gated):
+    """h_0=None (the carried form skips the first chunk's state terms) gives what zeros give."""
+    q, k, v, beta, h_0, *lg = _inputs(2, T, 3, 5, 4, nh, gated)
+    g = torch.Generator().manual_seed(3)
+    cot = [torch.randn(2, T, 3, 4, generator=g, dtype=f64), torch.randn(2, 3, 5, 4, generator=g, dtype=f64)]
+    zeros = torch.zeros_like(h_0)
+    want, want_grads = outputs_and_grads(
+        lambda q, k, v, beta, *lg: delta_rule_recurrent(q, k, v, beta, *lg, h_0=zeros), [q, k, v, beta, *lg], cot)
+    for across in ("carry", "loop"):
+        got, got_grads = outputs_and_grads(
+            lambda q, k, v, beta, *lg: delta_rule_chunked(q, k, v, beta, *lg, chunk_size=4, across=across),
+            [q, k, v, beta, *lg], cot)
+        for a, b in zip(got + got_grads, want + want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=across)
+
+
 def test_nh_axis_may_be_left_out_at_nh_1():
     q, k, v, beta, h_0 = _inputs(2, 7, 2, 4, 3, 1, False)
     full = delta_rule_chunked(q, k, v, beta, h_0=h_0, chunk_size=3)
