@@ -226,13 +226,23 @@ def _carry(Q, K, V, b, lg, nh, causal, h):
     N, B, H, _, d_k = K.shape
     d_v = V.shape[-1]
     tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
-    # read's mask in place (neither the product nor its decay scaling saves its output); at nh = 1 it
-    # is the lower triangle, and tril_ runs far faster than a masked_fill_ with a broadcast mask
-    read = read.tril_() if nh == 1 else read.masked_fill_(~causal, 0.0)
     flat = [x.flatten(1, 2) for x in (tri, read, Kh, Qh, Kc, V)]  # (N, B*H, ...): views
     decay = None if log_end is None else log_end.exp().flatten(1, 2)
-    Y, h = _Carried.apply(*flat, decay, None if h is None else h.reshape(B * H, d_k, d_v))
+    Y, h = _Carried.apply(*flat, decay, None if h is None else h.reshape(B * H, d_k, d_v),
+                          None if nh == 1 else causal)
     return Y.unflatten(1, (B, H)), h.view(B, H, d_k, d_v)
+
+
+def _causal(x, causal, inplace=False):
+    """x (.., C, M) with the micro-steps after each token zeroed; causal None means nh = 1, the lower
+    triangle (tril runs far faster than a masked_fill with a broadcast mask)."""
+    if causal is None:
+        return x.tril_() if inplace else x.tril()
+    return x.masked_fill_(~causal, 0.0) if inplace else x.masked_fill(~causal, 0.0)
+
+
+def _stack(xs):
+    return xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)  # one chunk: no copy
 
 
 class _Carried(torch.autograd.Function):
@@ -240,7 +250,9 @@ class _Carried(torch.autograd.Function):
 
         u_n = T_n^{-1} (V_n - Kh_n h_n),  h_{n+1} = decay_n h_n + Kc_n u_n,  Y_n = Qh_n h_n + read_n u_n
 
-    T_n = I + the strictly lower part of tri_n (the rest is never read). h_0 None is a zero start:
+    T_n = I + the strictly lower part of tri_n (the rest is never read); read_n is masked here, to
+    the micro-steps of each token and before (`causal`, see `_causal`), so that its gradient is
+    masked in place. h_0 None is a zero start:
     chunk 0's terms in h_0 are skipped, and so are their gradients (the state terms run over the
     chunks from `first`, 1 for a zero start, else 0). Forward: per chunk one solve and two batched
     multiply-adds; Y for every chunk at once after the chain. Backward, the adjoint chain from the
@@ -251,8 +263,9 @@ class _Carried(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, tri, read, Kh, Qh, Kc, V, decay, h):
+    def forward(ctx, tri, read, Kh, Qh, Kc, V, decay, h, causal):
         first = int(h is None)
+        read = _causal(read, causal)
         starts, U = [], []
         for n in range(tri.shape[0]):
             if h is None:
@@ -262,14 +275,14 @@ class _Carried(torch.autograd.Function):
             starts.append(h)
             U.append(scans.unit_lower_solve(tri[n], torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
             h = torch.baddbmm(h if decay is None else decay[n, :, None, None] * h, Kc[n], U[n])
-        U = torch.stack(U)
+        U = _stack(U)
         Y = torch.matmul(read, U)
         if starts:
-            starts = torch.stack(starts)
+            starts = _stack(starts)
             Y[first:] += torch.matmul(Qh[first:], starts)
         else:
             starts = U.new_zeros(0, *h.shape)
-        ctx.first = first
+        ctx.first, ctx.causal = first, causal
         ctx.save_for_backward(tri, read, Kh, Qh, Kc, decay, starts, U)
         return Y, h
 
@@ -293,19 +306,20 @@ class _Carried(torch.autograd.Function):
             q_dy = Qh_dY[n - first]
             carried = q_dy + dh if decay is None else torch.addcmul(q_dy, decay[n, :, None, None], dh)
             dh = torch.baddbmm(carried, Kh[n].mT, dR[-1], alpha=-1)
-        dR, ends = torch.stack(dR[::-1]), torch.stack(ends[::-1])
+        dR, ends = _stack(dR[::-1]), _stack(ends[::-1])
         Ut = U.mT
         dtri = torch.matmul(-dR, Ut).tril_(-1)
-        dread = torch.matmul(dY, Ut)
-        dKh, dQh = torch.zeros_like(Kh), torch.zeros_like(Qh)
-        dKh[first:] = torch.matmul(-dR[first:], starts.mT)
-        dQh[first:] = torch.matmul(dY[first:], starts.mT)
+        dread = _causal(torch.matmul(dY, Ut), ctx.causal, inplace=True)
         dKc = torch.matmul(ends, Ut)
-        ddecay = None
-        if decay is not None:
-            ddecay = torch.zeros_like(decay)
-            ddecay[first:] = (ends[first:] * starts).sum((-2, -1))
-        return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh
+        dKh = dQh = ddecay = None  # all zero when no chunk has a start state
+        if len(starts):
+            dKh, dQh = torch.zeros_like(Kh), torch.zeros_like(Qh)
+            dKh[first:] = torch.matmul(-dR[first:], starts.mT)
+            dQh[first:] = torch.matmul(dY[first:], starts.mT)
+            if decay is not None:
+                ddecay = torch.zeros_like(decay)
+                ddecay[first:] = (ends[first:] * starts).sum((-2, -1))
+        return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh, None
 
 
 def _walk(A, X, h):
