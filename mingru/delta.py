@@ -252,14 +252,14 @@ class _Carried(torch.autograd.Function):
 
     T_n = I + the strictly lower part of tri_n (the rest is never read); read_n is masked here, to
     the micro-steps of each token and before (`causal`, see `_causal`), so that its gradient is
-    masked in place. h_0 None is a zero start:
-    chunk 0's terms in h_0 are skipped, and so are their gradients (the state terms run over the
-    chunks from `first`, 1 for a zero start, else 0). Forward: per chunk one solve and two batched
-    multiply-adds; Y for every chunk at once after the chain. Backward, the adjoint chain from the
-    last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1}, dr_n = T_n^{-T} du_n,
-    dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other gradient for all chunks at
-    once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower, dread = dY u^T, ...). Autograd
-    records no step: the backward keeps the inputs, the chunk start states and the u's.
+    masked in place. h_0 None is a zero start: chunk 0's terms in h_0 are skipped, and so are
+    their gradients (the state terms run over the chunks from `first`, 1 for a zero start, else 0).
+    Forward: per chunk one solve and two batched multiply-adds; Y for every chunk at once after the
+    chain. Backward, the adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1},
+    dr_n = T_n^{-T} du_n, dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other
+    gradient for all chunks at once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower,
+    dread = dY u^T masked, ...). Autograd records no step: the backward keeps the inputs, the chunk
+    start states and the u's.
     """
 
     @staticmethod
