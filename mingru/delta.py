@@ -245,6 +245,15 @@ def _stack(xs):
     return xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)  # one chunk: no copy
 
 
+def _from_chunk(first, x, like):
+    """x, the gradient of chunks first.. of `like`, as one of every chunk (zeros before `first`)."""
+    if not first:
+        return x
+    out = torch.zeros_like(like)
+    out[first:] = x
+    return out
+
+
 class _Carried(torch.autograd.Function):
     """The carried chain over chunks n = 0..N-1 (every tensor (N, G, ...), G = B*H; decay (N, G) or None):
 
@@ -279,7 +288,7 @@ class _Carried(torch.autograd.Function):
         Y = torch.matmul(read, U)
         if starts:
             starts = _stack(starts)
-            Y[first:] += torch.matmul(Qh[first:], starts)
+            Y[first:].flatten(0, 1).baddbmm_(Qh[first:].flatten(0, 1), starts.flatten(0, 1))
         else:
             starts = U.new_zeros(0, *h.shape)
         ctx.first, ctx.causal = first, causal
@@ -313,12 +322,10 @@ class _Carried(torch.autograd.Function):
         dKc = torch.matmul(ends, Ut)
         dKh = dQh = ddecay = None  # all zero when no chunk has a start state
         if len(starts):
-            dKh, dQh = torch.zeros_like(Kh), torch.zeros_like(Qh)
-            dKh[first:] = torch.matmul(-dR[first:], starts.mT)
-            dQh[first:] = torch.matmul(dY[first:], starts.mT)
+            dKh = _from_chunk(first, torch.matmul(-dR[first:], starts.mT), Kh)
+            dQh = _from_chunk(first, torch.matmul(dY[first:], starts.mT), Qh)
             if decay is not None:
-                ddecay = torch.zeros_like(decay)
-                ddecay[first:] = (ends[first:] * starts).sum((-2, -1))
+                ddecay = _from_chunk(first, (ends[first:] * starts).sum((-2, -1)), decay)
         return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh, None
 
 
