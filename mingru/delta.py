@@ -95,11 +95,13 @@ def delta_rule_recurrent(q, k, v, beta, log_gamma=None, h_0=None):
 
 
 def _to_chunks(x, N, C):
-    """(B, T, nh, H, d) -> (N, B, H, C*nh, d), zero-padded to N*C tokens, token-major micro-steps."""
+    """(B, T, nh, H, d) -> (N, B, H, C*nh, d), zero-padded to N*C tokens, token-major micro-steps;
+    contiguous (one copy): a batched matmul given a strided 5-d operand copies it on every use, and
+    autograd would keep each copy."""
     B, T, nh, H, d = x.shape
     if N * C != T:  # a pad copies even when it adds nothing
         x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, N * C - T))
-    return x.reshape(B, N, C, nh, H, d).permute(1, 0, 4, 2, 3, 5).reshape(N, B, H, C * nh, d)
+    return x.reshape(B, N, C, nh, H, d).permute(1, 0, 4, 2, 3, 5).reshape(N, B, H, C * nh, d).contiguous()
 
 
 def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, across=None):
@@ -117,8 +119,9 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     the dispatch seam (`unit_lower_solve`, `matrix_recurrence`): Triton kernels on CUDA where
     MINGRU_SCAN allows. The carried form (`_carry`): chunk after chunk from the carried state,
     with half the solve's right-hand sides and no d_k x d_k maps. `across`: None (default) takes
-    the carried form where dispatch runs eager (a CPU, MINGRU_SCAN=eager) and the affine maps
-    elsewhere; "carry" forces the carried form; "loop" (one batched matmul a chunk) or "scan"
+    the carried form for one chunk (T <= chunk_size: nothing to chain, and the carried form does a
+    part of the affine form's work) and where dispatch runs eager (a CPU, MINGRU_SCAN=eager), and
+    the affine maps elsewhere; "carry" forces the carried form; "loop" (one batched matmul a chunk) or "scan"
     (scans.matrix_recurrence, whose Hillis–Steele over the chunk totals takes fewer launches than
     the loop when there are many) force the affine maps with that eager chaining.
     """
@@ -155,35 +158,32 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
 
     lg = None if log_gamma is None else _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
-    if across == "carry" or (across is None and runs_eager(q)):
+    if across == "carry" or (across is None and (N == 1 or runs_eager(q))):
         Y, h = _carry(Q, K, V, b, lg, nh, causal, h_0)
         return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
     tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
-    strict = token.new_ones(M, M, dtype=torch.bool).tril(-1)
-    tri = tri.masked_fill(~strict, 0.0)
-    read = read.masked_fill(~causal, 0.0)
+    read = _causal(read, None if nh == 1 else causal, inplace=True)  # tri stays as it is: the solves
+    # read only its strictly lower part, and so its gradient has no other entries
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
-    # Several chunks go through the dispatch seam (Triton on CUDA). One chunk (T <= chunk_size)
-    # stays in torch: nothing to chain, and the kernels' solve measured slower there on an H200.
-    if N > 1:
-        seam = lambda name, eager, *args: dispatch(name, eager, *args, local=True)  # noqa: E731
-    else:
-        seam = lambda name, eager, *args: eager(*args)  # noqa: E731
-    UW = seam("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1))
+    # Several chunks go through the dispatch seam (Triton on CUDA); one chunk took the carried form.
+    UW = dispatch("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1), local=True)
     U0, W = UW.split([d_v, d_k], dim=-1)
     eye = torch.eye(d_k, dtype=q.dtype, device=q.device)
-    P_end = eye if log_end is None else log_end[..., None, None].exp() * eye
-    A = P_end - Kc @ W                                   # H_end = A H_start + Bc
+    A = (eye if log_end is None else log_end[..., None, None].exp() * eye) - Kc @ W  # H_end = A H_start + Bc
     Bc = Kc @ U0
-    Qt = Qh - read @ W                                   # y = Qt H_start + Y0
-    Y0 = read @ U0
+    # read multiplies [U0 | W] once, so its gradient (M x M a chunk) is formed once
+    Y0, RW = (read @ UW).split([d_v, d_k], dim=-1)
+    Qt = Qh - RW                                         # y = Qt H_start + Y0
+    del RW
 
     chain = scans.matrix_recurrence if across == "scan" else _walk
-    A, Bc = A.transpose(0, 1), Bc.transpose(0, 1)        # (B,N,H,...)
-    after = seam("matrix_recurrence", chain, A, Bc, h)
-    Hs = torch.cat([h.unsqueeze(1), after[:, :-1]], 1).transpose(0, 1)  # (N,B,H,d_k,d_v) at chunk starts
-    h = after[:, -1]
-    return _from_chunks(Qt @ Hs + Y0, T).to(out_dtype), h.to(out_dtype)
+    after = dispatch("matrix_recurrence", chain, A.transpose(0, 1), Bc.transpose(0, 1), h, local=True)
+    del A, Bc
+    Hs = torch.cat([h.unsqueeze(0), after.transpose(0, 1)[:-1]])  # (N,B,H,d_k,d_v) at chunk starts, dense
+    G = N * B * H
+    Y = torch.baddbmm(Y0.reshape(G, C, d_v), Qt.reshape(G, C, d_k), Hs.view(G, d_k, d_v)).view(N, B, H, C, d_v)
+    del Y0  # the last view of read @ [U0 | W]: its memory goes before the output's copy
+    return _from_chunks(Y, T).to(out_dtype), after[:, -1].to(out_dtype)
 
 
 def _from_chunks(Y, T):

@@ -22,6 +22,7 @@ MIXERS = {
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
     "DeltaMinGRU": lambda: mingru.DeltaMinGRU(32, 64),  # T = 100: two chunks, the kernels' solve and chain
+    "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, chunk_size=128),  # the carried form
 }
 OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "gated_recurrence_stacked",
        "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
