@@ -352,7 +352,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     updates. `forward` runs `delta_rule_chunked`; `step` runs one token of the recurrence.
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
     (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
-    and their chaining run Triton kernels (`delta_rule_chunked`); the rest is torch code.
+    and their chaining run Triton kernels when there are two chunks or more (`delta_rule_chunked`);
+    the rest is torch code.
     """
 
     carries_matrix_state = True
