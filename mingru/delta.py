@@ -143,8 +143,8 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
         q, k, v, beta = (x.float() for x in (q, k, v, beta))
         log_gamma = None if log_gamma is None else log_gamma.float()
         h_0 = None if h_0 is None else h_0.float()
-    h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
     if T == 0:
+        h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
         return q.new_zeros(B, 0, H, d_v).to(out_dtype), h.to(out_dtype)
     C = min(chunk_size, T)
     N = -(-T // C)
@@ -154,16 +154,18 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     V = _to_chunks(v, N, C)                              # (N,B,H,M,d_v)
     b = _to_chunks(beta.unsqueeze(-1), N, C).squeeze(-1)  # (N,B,H,M)
 
-    token = torch.arange(M, device=q.device) // nh       # micro-step -> token within the chunk
-    causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
+    causal = None  # read's mask (see `_causal`); at nh = 1 the lower triangle, which needs none
+    if nh > 1:
+        token = torch.arange(M, device=q.device) // nh   # micro-step -> token within the chunk
+        causal = token[None, :] <= torch.arange(C, device=q.device)[:, None]  # (C, M)
 
     lg = None if log_gamma is None else _to_chunks(log_gamma[:, :, None, :, None], N, C)[..., 0]  # (N,B,H,C)
     if across == "carry" or (across is None and (N == 1 or runs_eager(q))):
         Y, h = _carry(Q, K, V, b, lg, nh, causal, h_0)
         return _from_chunks(Y, T).to(out_dtype), h.to(out_dtype)
     tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
-    read = _causal(read, None if nh == 1 else causal, inplace=True)  # tri stays as it is: the solves
-    # read only its strictly lower part, and so its gradient has no other entries
+    read = _causal(read, causal, inplace=True)
+    # tri stays unmasked: the solves read only its strictly lower part, so its gradient has no other entries
     # u = U0 - W H_start with [U0 | W] = T^{-1} [V | P K]: one solve for every chunk at once.
     # Several chunks go through the dispatch seam (Triton on CUDA); one chunk took the carried form.
     UW = dispatch("unit_lower_solve", scans.unit_lower_solve, tri, torch.cat([V, Kh], -1), local=True)
@@ -174,15 +176,15 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     # read multiplies [U0 | W] once, so its gradient (M x M a chunk) is formed once
     Y0, RW = (read @ UW).split([d_v, d_k], dim=-1)
     Qt = Qh - RW                                         # y = Qt H_start + Y0
-    del RW
 
     chain = scans.matrix_recurrence if across == "scan" else _walk
+    h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
     after = dispatch("matrix_recurrence", chain, A.transpose(0, 1), Bc.transpose(0, 1), h, local=True)
-    del A, Bc
+    del Bc  # the chain does not keep it: freed before the output is formed
     Hs = torch.cat([h.unsqueeze(0), after.transpose(0, 1)[:-1]])  # (N,B,H,d_k,d_v) at chunk starts, dense
     G = N * B * H
     Y = torch.baddbmm(Y0.reshape(G, C, d_v), Qt.reshape(G, C, d_k), Hs.view(G, d_k, d_v)).view(N, B, H, C, d_v)
-    del Y0  # the last view of read @ [U0 | W]: its memory goes before the output's copy
+    del Y0, RW  # the views of read @ [U0 | W]: its memory goes before the output's copy
     return _from_chunks(Y, T).to(out_dtype), after[:, -1].to(out_dtype)
 
 
@@ -221,15 +223,14 @@ def _carry(Q, K, V, b, lg, nh, causal, h):
     d_v right-hand sides (the affine maps' has d_v + d_k) and it forms no d_k x d_k map, so where
     the chunks run one at a time anyway (eager) it is the cheaper form. The terms that do not read
     the state are formed for every chunk at once (under autograd); `_Carried` runs the chain.
-    h (B,H,d_k,d_v), or None for a zero start state (the first chunk then skips its state terms).
-    Returns (Y (N,B,H,C,d_v), H_T)."""
+    h (B,H,d_k,d_v), or None for a zero start state (the first chunk then skips its state terms);
+    causal: read's mask, None at nh = 1 (see `_causal`). Returns (Y (N,B,H,C,d_v), H_T)."""
     N, B, H, _, d_k = K.shape
     d_v = V.shape[-1]
     tri, read, Kh, Qh, Kc, log_end = _chunk_terms(Q, K, b, lg, nh)
     flat = [x.flatten(1, 2) for x in (tri, read, Kh, Qh, Kc, V)]  # (N, B*H, ...): views
     decay = None if log_end is None else log_end.exp().flatten(1, 2)
-    Y, h = _Carried.apply(*flat, decay, None if h is None else h.reshape(B * H, d_k, d_v),
-                          None if nh == 1 else causal)
+    Y, h = _Carried.apply(*flat, decay, None if h is None else h.reshape(B * H, d_k, d_v), causal)
     return Y.unflatten(1, (B, H)), h.view(B, H, d_k, d_v)
 
 
