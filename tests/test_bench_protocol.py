@@ -304,3 +304,25 @@ def test_the_wall_clock_times_a_loop_of_calls_between_synchronizations():
     # each batch sits between two synchronizations: sizing, warm-up and three or more timed batches
     assert len(calls) >= 1 + 3 * batch and len(syncs) % 2 == 0 and len(syncs) >= 2 * 5
     assert timing.flushed_us(lambda: time.sleep(0.001), "cpu", reps=3) > 500  # on a CPU: median_us
+
+
+def test_seed_and_ours_take_turns(monkeypatch, tmp_path):
+    """The seed's runner starts a job only when its result is asked for: between two results it waits,
+    so our side of a job is timed while the seed's process is idle."""
+    fake = tmp_path / "fake-seed" / "mingru"
+    fake.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (fake / "__init__.py").write_text(
+        f"def linear_scan(*xs):\n    open({str(calls)!r}, 'a').write('call\\n')\n    return xs[0]\n")
+    monkeypatch.setattr(places, "SEED", fake.parent)
+    count = lambda: len(calls.read_text().splitlines()) if calls.exists() else 0  # noqa: E731
+    jobs = [seed.op_job("linear_scan", {"B": 1, "T": 3, "D": 2}, "float32", "fwd", "cpu", 0) for _ in range(3)]
+    results = seed.seed_results(jobs, "cpu")
+    first = next(results)
+    time.sleep(1.0)  # were the runner not waiting, it would run the next jobs meanwhile
+    assert count() == 1 and first["status"].startswith("wrong")  # the stub returns its input, not the scan
+    next(results)
+    time.sleep(0.5)
+    assert count() == 2 and seed.VERSION["seed"] == "unknown"
+    results.close()
+    assert count() == 2

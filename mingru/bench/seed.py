@@ -2,14 +2,17 @@
 
 Ours runs in this process, the seed in a separate one (`seed_runner.py`, the seed's folder first on
 sys.path), both through the same functions on the same tensors: inputs, cotangents and float64
-references (rounded to float32) are made here and handed over in a file. Columns: wall clock
+references (rounded to float32) are made here and handed over in a file. The two sides take turns
+job by job (`seed_results`), so each pair of rows is timed under the same host conditions. Columns: wall clock
 (per call in a loop of calls, median), GPU clock (kernel durations from a profiler trace), peak memory for the mixers;
 ratios are seed / ours. Goal: at least 2x the seed by GPU clock and never slower by wall clock
 (mixers: and peak memory no higher). Without .peers/mingru-scans the seed's columns say "not measured".
 """
+import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -106,24 +109,76 @@ def ours(job, device):
     return {**got, "job_s": time.monotonic() - start}
 
 
-def run_seed(jobs, device, timeout=RUNNER_TIMEOUT_S):
-    """The seed's results for `jobs` (one subprocess for all), or (None, why) when it could not run."""
+def seed_results(jobs, device, timeout=RUNNER_TIMEOUT_S):
+    """The seed's result of each job in turn, from one subprocess in lockstep: the seed starts job i+1
+    only when the next result is asked for, so a caller that measures its own side of job i in between
+    times both sides in alternation, under the same host conditions (wall clock at the seed's shapes
+    is host-bound, and a host's speed drifts over a sweep). Sets VERSION["seed"]; where the seed
+    cannot run, every job's result is {"status": why}."""
+    VERSION["seed"] = None
     if not (places.SEED / "mingru").is_dir():
-        return None, places.NOT_MEASURED.format(".peers/mingru-scans")
+        yield from [{"status": places.NOT_MEASURED.format(".peers/mingru-scans")}] * len(jobs)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        spec, out = Path(tmp) / "jobs.pt", Path(tmp) / "results.json"
+        spec = Path(tmp) / "jobs.pt"
         torch.save({"device": str(device), "jobs": jobs}, spec)
-        try:
-            done = subprocess.run([sys.executable, str(Path(seed_runner.__file__)), str(places.SEED), str(spec),
-                                   str(out)], cwd=tmp, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None, f"not measured: the seed's runner ran past {timeout} s"
-        if done.returncode != 0 or not out.exists():
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"not measured: the seed's runner failed ({tail[:160]})"
-        import json
-        data = json.loads(out.read_text())
-        return data["results"], data["version"]
+        with open(Path(tmp) / "stderr", "w+") as err:
+            proc = subprocess.Popen([sys.executable, str(Path(seed_runner.__file__)), str(places.SEED), str(spec)],
+                                    cwd=tmp, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            try:
+                line = _reply(proc, "VERSION ")
+                if line is not None:
+                    VERSION["seed"] = line
+                for i in range(len(jobs)):
+                    got = _reply(proc, "RESULT ", ask=True) if line is not None else None
+                    if got is None:
+                        why = (f"not measured: the seed's runner ran past {timeout} s" if not timer.is_alive()
+                               else "not measured: the seed's runner failed ({})".format(_last_line(err)))
+                        yield from [{"status": why}] * (len(jobs) - i)
+                        return
+                    yield json.loads(got)
+            finally:
+                timer.cancel()
+                if proc.poll() is None:
+                    proc.stdin.close()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+
+
+def _reply(proc, tag, ask=False):
+    """The runner's next line starting with `tag`, without the tag (other lines are the seed's own
+    prints); None once the runner has exited or been killed."""
+    try:
+        if ask:
+            proc.stdin.write("next\n")
+            proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith(tag):
+                return line[len(tag):].strip()
+    except (BrokenPipeError, OSError):
+        pass
+    return None
+
+
+def _last_line(err):
+    err.flush()
+    err.seek(0)
+    return ((err.read().strip().splitlines() or ["no output"])[-1])[:160]
+
+
+def run_seed(jobs, device, timeout=RUNNER_TIMEOUT_S):
+    """The seed's results for `jobs` (one subprocess for all, run straight through), or (None, why)
+    when it could not run."""
+    got = list(seed_results(jobs, device, timeout))
+    failed = next((g["status"] for g in got if g["status"].startswith("not measured")), None)
+    if failed or VERSION["seed"] is None:
+        return None, failed or places.NOT_MEASURED.format(".peers/mingru-scans")
+    return got, VERSION["seed"]
 
 
 def compare(row, mine, theirs, memory=False):
@@ -197,17 +252,16 @@ def measure(device, quick, env, keep=lambda name: True):
     warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     jobs = _jobs(todo, mixers, device, reps)
     budget = progress.BUDGETS.get(NAME)
-    theirs, version = run_seed(jobs, device, 3 * budget if budget else RUNNER_TIMEOUT_S)
-    VERSION["seed"] = version if theirs is not None else None
-    if theirs is None:
-        theirs = [{"status": version}] * len(jobs)
+    theirs = seed_results(jobs, device, 3 * budget if budget else RUNNER_TIMEOUT_S)
     rows = []
     labelled = [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
     labelled += [(op, cases.label(dims), shape, dtype, direction) for op, dims, shape, dtype, direction in todo]
-    work = list(zip(labelled, jobs, theirs))
-    for (op, dims, shape, dtype, direction), job, seed_got in Sweep("seed", work, lambda w: " ".join(w[0][:2])):
+    for (op, dims, shape, dtype, direction), job in Sweep("seed", list(zip(labelled, jobs)),
+                                                          lambda w: " ".join(w[0][:2])):
         row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
+        seed_got = next(theirs)  # the seed measures this job, then waits while ours is measured
         rows.append(compare(row, ours(job, device), seed_got, memory=job["kind"] == "module"))
+    theirs.close()
     return rows
 
 
@@ -224,7 +278,9 @@ def summarize(rows, env):
                     "seed_gpu_us", "x_gpu", "ours_peak_mb", "seed_peak_mb", "meets_goal", "ours_status",
                     "seed_status"],
         "notes": ["ours: MINGRU_SCAN=auto in this process; seed: mingru-scans "
-                  f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path",
+                  f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path; the two "
+                  "processes take turns job by job (the seed's job, then ours), so a pair is timed under the same "
+                  "host conditions",
                   "*_us: wall clock per call in a loop of calls (median, host included); *_gpu_us: kernel "
                   "durations from a torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
                   "every side checked against float64 before timing (ops: the eager scan in float64 on the "

@@ -1,12 +1,17 @@
 """Measure the seed (mingru-scans, which imports as `mingru`) in its own process.
 
-    python seed_runner.py SEED_DIR JOBS.pt RESULTS.json
+    python seed_runner.py SEED_DIR JOBS.pt
 
 Run as a script, never imported: SEED_DIR goes first on sys.path so `import mingru` is the
 seed, and the measuring protocol is this package's `timing.py` loaded by file path (it imports
 torch only). JOBS.pt holds the inputs, cotangents and references (float64 results rounded to
 float32) that the main process made, so both sides are measured on the same tensors; each job is
 checked before it is timed.
+
+Lockstep protocol, so that the two sides are timed in alternation under the same host conditions:
+the runner prints `VERSION <version>`, then for each job waits for a line on stdin (end of input
+stops it), runs the job and prints `RESULT <json>`. The main process measures its own side of a
+job while the runner waits for the next line.
 """
 import copy
 import importlib.util
@@ -94,7 +99,7 @@ def run_module(seed, timing, job, device, build=None, wrap=None):
     return got
 
 
-def main(seed_dir, jobs_path, out_path):
+def main(seed_dir, jobs_path):
     seed_dir = str(Path(seed_dir).resolve())
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [seed_dir] + [p for p in sys.path if p not in ("", here)]
@@ -104,18 +109,19 @@ def main(seed_dir, jobs_path, out_path):
         raise SystemExit(f"seed_runner: `import mingru` found {seed.__file__}, not the seed in {seed_dir}")
     spec = timing.torch.load(jobs_path, weights_only=False)
     device = spec["device"]
-    results = []
+    print("VERSION", _version(seed_dir), flush=True)
     for job in spec["jobs"]:
+        if not sys.stdin.readline():
+            return
         start = timing.time.monotonic()
         try:
             run = run_op if job["kind"] == "op" else run_module
-            results.append(run(seed, timing, job, device))
+            got = run(seed, timing, job, device)
         except Exception as exc:  # noqa: BLE001  (a job the seed cannot run becomes a status)
-            results.append({"us": None, "gpu_us": None, "err": None, "status": timing.failure(exc)})
-        results[-1]["job_s"] = timing.time.monotonic() - start  # check, timing and memory of this job
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-             for r in results]
-    Path(out_path).write_text(json.dumps({"version": _version(seed_dir), "results": clean}))
+            got = {"us": None, "gpu_us": None, "err": None, "status": timing.failure(exc)}
+        got["job_s"] = timing.time.monotonic() - start  # check, timing and memory of this job
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in got.items()}
+        print("RESULT", json.dumps(clean), flush=True)
 
 
 def _version(seed_dir):
@@ -125,4 +131,4 @@ def _version(seed_dir):
 
 if __name__ == "__main__":
     os.environ.setdefault("MINGRU_SCAN", "auto")
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])
