@@ -1,10 +1,12 @@
 """The CPU column: each of our mixers' default path on a CPU (auto, which is eager there) against
 the seed's eager path, one fwd+bwd step, median wall clock in ms.
 
-Both sides go through the same functions on the same input (the seed in its own process; the two take turns
-row by row). Goal:
-ours no slower than the seed on the same CPU. --quick runs tiny shapes for CI.
+Both sides go through the same functions on the same input (the seed in its own process; the two
+take turns row by row). Goal: ours no slower than the seed on the same CPU. --quick runs tiny
+shapes for CI.
 """
+import contextlib
+
 import torch
 
 import mingru
@@ -26,19 +28,18 @@ def measure(device, quick, env, keep=lambda name: True):
     jobs = [seed.module_job(m, B, T, d, reps=reps, memory=False) for m, (B, T, d) in todo]
     for job in jobs:
         job["gpu_time"] = False
-    theirs = seed.seed_results(jobs, device)  # in lockstep: the seed's job, then ours, then the next
     rows = []
-    for (m, (B, T, d)), job in Sweep("layer_cpu", list(zip(todo, jobs)),
-                                     lambda w: f"{w[0][0]} B{w[0][1][0]}-T{w[0][1][1]}"):
-        got = next(theirs)
-        mine = seed.ours(job, device)
-        ms = lambda r: r.get("us") and r["us"] / 1e3  # noqa: E731
-        row = {"mixer": m, "B": B, "T": T, "d": d, "ours_ms": ms(mine), "seed_ms": ms(got),
-               "ours_status": mine["status"], "seed_status": got["status"]}
-        row["seed_x"] = row["seed_ms"] / row["ours_ms"] if row["seed_ms"] and row["ours_ms"] else None
-        row["meets_goal"] = None if row["seed_x"] is None else row["seed_x"] >= 1
-        rows.append(row)
-    theirs.close()
+    with contextlib.closing(seed.seed_results(jobs, device)) as theirs:  # the seed's job, then ours, then the next
+        for (m, (B, T, d)), job in Sweep("layer_cpu", list(zip(todo, jobs)),
+                                         lambda w: f"{w[0][0]} B{w[0][1][0]}-T{w[0][1][1]}"):
+            got = next(theirs)
+            mine = seed.ours(job, device)
+            ms = lambda r: r.get("us") and r["us"] / 1e3  # noqa: E731
+            row = {"mixer": m, "B": B, "T": T, "d": d, "ours_ms": ms(mine), "seed_ms": ms(got),
+                   "ours_status": mine["status"], "seed_status": got["status"]}
+            row["seed_x"] = row["seed_ms"] / row["ours_ms"] if row["seed_ms"] and row["ours_ms"] else None
+            row["meets_goal"] = None if row["seed_x"] is None else row["seed_x"] >= 1
+            rows.append(row)
     return rows
 
 

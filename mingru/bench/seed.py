@@ -8,6 +8,7 @@ job by job (`seed_results`), so each pair of rows is timed under the same host c
 ratios are seed / ours. Goal: at least 2x the seed by GPU clock and never slower by wall clock
 (mixers: and peak memory no higher). Without .peers/mingru-scans the seed's columns say "not measured".
 """
+import contextlib
 import json
 import subprocess
 import sys
@@ -128,11 +129,9 @@ def seed_results(jobs, device, timeout=RUNNER_TIMEOUT_S):
             timer = threading.Timer(timeout, proc.kill)
             timer.start()
             try:
-                line = _reply(proc, "VERSION ")
-                if line is not None:
-                    VERSION["seed"] = line
+                VERSION["seed"] = _reply(proc, "VERSION ")
                 for i in range(len(jobs)):
-                    got = _reply(proc, "RESULT ", ask=True) if line is not None else None
+                    got = None if VERSION["seed"] is None else _reply(proc, "RESULT ", ask=True)
                     if got is None:
                         why = (f"not measured: the seed's runner ran past {timeout} s" if not timer.is_alive()
                                else "not measured: the seed's runner failed ({})".format(_last_line(err)))
@@ -252,16 +251,15 @@ def measure(device, quick, env, keep=lambda name: True):
     warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
     jobs = _jobs(todo, mixers, device, reps)
     budget = progress.BUDGETS.get(NAME)
-    theirs = seed_results(jobs, device, 3 * budget if budget else RUNNER_TIMEOUT_S)
     rows = []
     labelled = [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
     labelled += [(op, cases.label(dims), shape, dtype, direction) for op, dims, shape, dtype, direction in todo]
-    for (op, dims, shape, dtype, direction), job in Sweep("seed", list(zip(labelled, jobs)),
-                                                          lambda w: " ".join(w[0][:2])):
-        row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
-        seed_got = next(theirs)  # the seed measures this job, then waits while ours is measured
-        rows.append(compare(row, ours(job, device), seed_got, memory=job["kind"] == "module"))
-    theirs.close()
+    with contextlib.closing(seed_results(jobs, device, 3 * budget if budget else RUNNER_TIMEOUT_S)) as theirs:
+        for (op, dims, shape, dtype, direction), job in Sweep("seed", list(zip(labelled, jobs)),
+                                                              lambda w: " ".join(w[0][:2])):
+            row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
+            seed_got = next(theirs)  # the seed measures this job, then waits while ours is measured
+            rows.append(compare(row, ours(job, device), seed_got, memory=job["kind"] == "module"))
     return rows
 
 
