@@ -25,6 +25,7 @@ TRITON_IMPLS = {
     "parallel_scan_log": "mingru.kernels.diagonal:parallel_scan_log",
     "gated_recurrence": "mingru.kernels.diagonal:gated_recurrence",
     "gated_recurrence_stacked": "mingru.kernels.diagonal:gated_recurrence_stacked",
+    "signed_recurrence_stacked": "mingru.kernels.diagonal:signed_recurrence_stacked",
     "matrix_scan": "mingru.kernels.matrix:matrix_scan",
     "matrix_affine_scan": "mingru.kernels.matrix:matrix_affine_scan",
     "matrix_recurrence": "mingru.kernels.matrix:matrix_recurrence",

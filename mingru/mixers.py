@@ -114,8 +114,9 @@ class MinGRU(_Mixer):
 
 
 def _stacks(x):
-    """Whether MinGRU runs its two projections as one matmul: where the scan's kernel runs (it reads
-    k | cand in place). The eager scan and the sequence-parallel route take k and cand apart."""
+    """Whether MinGRU and SignedMinGRU run their projections as one matmul: where the scan's kernel
+    runs (it reads k | cand (| s) in place). The eager scan and the sequence-parallel route take
+    them apart."""
     return not dispatch.runs_eager(x) and dispatch.sequence_parallel_route is None
 
 
@@ -141,9 +142,12 @@ def _check_nonnegative(h_0):
 
 
 class SignedMinGRU(_Mixer):
-    """h_t = a_t h_{t-1} + z_t h~_t, a_t = gamma_t tanh(linear_s x) in (-1, 1); linear_recurrence.
+    """h_t = a_t h_{t-1} + z_t h~_t, a_t = gamma_t tanh(linear_s x) in (-1, 1), z = sigmoid(linear_z x).
 
     `coupled=True` uses a_t = gamma_t (1 - z_t) tanh(linear_s x). Initial state 0 (or the learned h0).
+    Without decay, where the kernels run, `signed_recurrence_stacked` runs it on one matmul of the
+    three projections (the kernel adds the biases and computes the gates); otherwise
+    `linear_recurrence` on the gates (`scans.signed_gates`).
     """
 
     def __init__(self, input_size, hidden_size, bias=True, learnable_h0=False, coupled=False,
@@ -157,28 +161,27 @@ class SignedMinGRU(_Mixer):
     def _default_h0(self, x):
         return self.h0 if self.h0 is not None else x.new_zeros(1, 1, self.hidden_size)
 
-    def _coeffs(self, x, delta_t):
-        k, cand, s = self._project(x, self.linear_z, self.linear_h, self.linear_s)
-        z = torch.sigmoid(k)
-        a = torch.tanh(s)
-        if self.coupled:
-            a = (1 - z) * a
-        dt = self._dt(delta_t, x)
+    def _coeffs(self, x, dt):
+        a, b = scans.signed_gates(*self._project(x, self.linear_z, self.linear_h, self.linear_s), self.coupled)
         if dt is not None:
             a = a * self._decay_gamma(dt)
-        return a, z * cand
+        return a, b
 
     def forward(self, x, h_0=None, delta_t=None):
         self._check_x(x, step=False)
         h_0 = self._state(h_0, x, False, self._default_h0)
-        a, b = self._coeffs(x, delta_t)
+        dt = self._dt(delta_t, x)
+        if dt is None and _stacks(x):  # one matmul; the kernel adds the biases and computes the gates
+            kcs, bias = _stacked(x, self.linear_z, self.linear_h, self.linear_s)
+            return ops.signed_recurrence_stacked(kcs, h_0[:, 0].to(kcs.dtype), bias, self.coupled)
+        a, b = self._coeffs(x, dt)
         return ops.linear_recurrence(a.to(b.dtype), b, h_0[:, 0].to(b.dtype))
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):
         self._check_x(x_t, step=True)
         h_prev = self._state(h_prev, x_t, True, self._default_h0)
-        a, b = self._coeffs(x_t, delta_t)
+        a, b = self._coeffs(x_t, self._dt(delta_t, x_t))
         return a * h_prev + b
 
     def extra_repr(self):

@@ -48,6 +48,17 @@ def gated_recurrence_naive(k, cand, h0):
     return torch.stack(out, 1)
 
 
+def signed_recurrence_naive(k, cand, s, h0, coupled=False):
+    k, cand, s, h = k.double(), cand.double(), s.double(), h0.double()
+    z = torch.sigmoid(k)
+    a = torch.tanh(s) * (1 - z) if coupled else torch.tanh(s)
+    out = []
+    for t in range(k.shape[1]):
+        h = a[:, t] * h + z[:, t] * cand[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
 def matrix_affine_scan_naive(A, Bm):
     A, Bm = A.double(), Bm.double()
     k = A.shape[-1]

@@ -83,6 +83,34 @@ def _gated_stacked_eager(kc, h0, bias=None):
     return scans.gated_recurrence(k, cand, h0)
 
 
+def signed_recurrence_stacked(kcs, h0=None, bias=None, coupled=False):
+    """SignedMinGRU from its pre-activations k | cand | s, side by side in one (B,T,3D) tensor (what
+    one matmul over its three projections' stacked weights writes), plus bias (3D,) (theirs, stacked
+    the same way; none if None), h0 (B,D) (zeros if None) -> h (B,T,D):
+    h_t = a_t h_{t-1} + z_t cand_t, z = sigmoid(k), a = tanh(s), or with `coupled` (1 - z) tanh(s).
+
+    linear_recurrence on those gates (`scans.signed_gates`); the kernel computes them from the three
+    parts as it loads them, adds the bias, and its backward writes their gradients into one (B,T,3D)
+    tensor and sums the bias's gradient as it goes: no gate tensor is stored.
+    """
+    sizes = _checked("signed_recurrence_stacked", [("kcs", kcs, ("B", "T", "3D")), ("h0", h0, ("B", "D")),
+                                                   ("bias", bias, ("3D",))])
+    if sizes["3D"] % 3 or ("D" in sizes and 3 * sizes["D"] != sizes["3D"]):
+        raise ValueError(f"signed_recurrence_stacked: kcs must have shape (B, T, 3D) (k | cand | s) and h0 shape "
+                         f"(B, D), got kcs {tuple(kcs.shape)} and h0 {None if h0 is None else tuple(h0.shape)}")
+    if not isinstance(coupled, bool):
+        raise TypeError(f"signed_recurrence_stacked: coupled must be a bool, got {type(coupled).__name__}")
+    if h0 is None:
+        h0 = kcs.new_zeros(kcs.shape[0], kcs.shape[2] // 3)
+    return _run("signed_recurrence_stacked", _signed_stacked_eager, sizes, (kcs[..., :kcs.shape[2] // 3],), kcs, h0,
+                bias, coupled)
+
+
+def _signed_stacked_eager(kcs, h0, bias, coupled):
+    k, cand, s = (kcs if bias is None else kcs + bias).chunk(3, dim=-1)
+    return scans.signed_recurrence(k, cand, s, h0, coupled)
+
+
 def matrix_scan(M, b):
     """2x2 scan. M (B,T,n,2,2), b (B,T,n,2) -> (A (B,T,n,2,2), Bc (B,T,n,2))."""
     sizes = _checked("matrix_scan", [("M", M, ("B", "T", "n", 2, 2)), ("b", b, ("B", "T", "n", 2))])

@@ -255,6 +255,22 @@ def gated_recurrence(k, cand, h0):
     return linear_recurrence(*gates(*_upcast(k, cand)), h0).to(k.dtype)
 
 
+def signed_gates(k, cand, s, coupled=False):
+    """SignedMinGRU's coefficients from its pre-activations: a = tanh(s) in (-1, 1) (coupled:
+    (1 - z) tanh(s), 1 - z computed as sigmoid(-k)) and b = z cand, z = sigmoid(k)."""
+    a = torch.tanh(s)
+    if coupled:
+        a = torch.sigmoid(-k) * a
+    return a, torch.sigmoid(k) * cand
+
+
+def signed_recurrence(k, cand, s, h0, coupled=False):
+    """SignedMinGRU from its pre-activations, as the kernel runs it: linear_recurrence on
+    signed_gates, gates in float32. |a| < 1, so linear space is stable without logs, and a state
+    may take either sign."""
+    return linear_recurrence(*signed_gates(*_upcast(k, cand, s), coupled), h0).to(k.dtype)
+
+
 def matrix_affine_scan(A, Bm):
     Abar, Bbar = chunked_scan(_upcast(A, Bm), matrix_combine)
     return Abar.to(A.dtype), Bbar.to(A.dtype)

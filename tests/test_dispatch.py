@@ -98,14 +98,15 @@ def test_import_mingru_does_not_import_triton():
 
 def test_every_op_has_a_registered_kernel_entry():
     for name in ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence",
-                 "gated_recurrence_stacked", "matrix_scan",
+                 "gated_recurrence_stacked", "signed_recurrence_stacked", "matrix_scan",
                  "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]:
         assert name in dispatch.TRITON_IMPLS and hasattr(mingru, name)
 
 
 SMALL = {"linear_scan": dict(B=2, T=5, D=3), "linear_recurrence": dict(B=2, T=5, D=3, h0=True),
          "parallel_scan_log": dict(B=2, T=5, D=3), "gated_recurrence": dict(B=2, T=5, D=3),
-         "gated_recurrence_stacked": dict(B=2, T=5, D=3), "matrix_scan": dict(B=2, T=5, n=2),
+         "gated_recurrence_stacked": dict(B=2, T=5, D=3), "signed_recurrence_stacked": dict(B=2, T=5, D=3),
+         "matrix_scan": dict(B=2, T=5, n=2),
          "matrix_affine_scan": dict(B=2, T=5, n=2, k=4, v=2), "matrix_recurrence": dict(B=2, T=5, n=2, k=4, v=2, h0=True),
          "rotation_recurrence": dict(B=2, T=5, n=2, k=4, L=2, h0=True)}
 

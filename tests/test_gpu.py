@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 MIXERS = {
     "MinGRU": lambda: mingru.MinGRU(32, 64),
     "SignedMinGRU": lambda: mingru.SignedMinGRU(32, 64),
+    "SignedMinGRU-coupled": lambda: mingru.SignedMinGRU(32, 64, coupled=True),
     "RotationMinGRU": lambda: mingru.RotationMinGRU(32, 64),
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
@@ -25,9 +26,9 @@ MIXERS = {
     "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, chunk_size=128),  # the carried form
 }
 OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "gated_recurrence_stacked",
-       "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
+       "signed_recurrence_stacked", "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
 # the diagonal ops over T = 300 with two lanes: the planner splits time, so they run the single pass
-SPLIT = [f"{op}@T300" for op in OPS[:5]]
+SPLIT = [f"{op}@T300" for op in OPS[:6]]
 # float32 throughout; the kernels and the eager reference sum in different orders
 TOL = dict(atol=1e-4, rtol=1e-4)
 GRAD_TOL = dict(atol=1e-3, rtol=1e-3)  # rtol times the gradient's largest entry (normwise)
@@ -42,6 +43,7 @@ def _op_args(T=37):
         "parallel_scan_log": (-p(2, T, 24), r(2, T + 1, 24)),
         "gated_recurrence": (r(2, T, 24), r(2, T, 24), p(2, 24)),
         "gated_recurrence_stacked": (r(2, T, 48), p(2, 24), r(48)),
+        "signed_recurrence_stacked": (r(2, T, 72), r(2, 24), r(72)),
         "matrix_scan": (r(2, T, 3, 2, 2) * 0.5, r(2, T, 3, 2)),
         "matrix_affine_scan": (r(2, T, 3, 4, 4) * 0.4, r(2, T, 3, 4, 2)),
         "matrix_recurrence": (r(2, T, 3, 4, 4) * 0.4, r(2, T, 3, 4, 2), r(2, 3, 4, 2)),

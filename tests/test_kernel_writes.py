@@ -51,6 +51,7 @@ def _cases():
         "parallel_scan_log": (mingru.parallel_scan_log, [-p(2, T, 5), r(2, T + 1, 5)]),
         "gated_recurrence": (mingru.gated_recurrence, [r(2, T, 5), r(2, T, 5), p(2, 5)]),
         "gated_recurrence_stacked": (mingru.gated_recurrence_stacked, [r(2, T, 10), p(2, 5), r(10)]),
+        "signed_recurrence_stacked": (mingru.signed_recurrence_stacked, [r(2, T, 15), r(2, 5), r(15)]),
         "matrix_scan": (mingru.matrix_scan, [r(2, T, 3, 2, 2) * 0.5, r(2, T, 3, 2)]),
         "matrix_affine_scan": (mingru.matrix_affine_scan, [r(2, T, 3, 4, 4) * 0.4, r(2, T, 3, 4, 2)]),
         "matrix_recurrence": (mingru.matrix_recurrence, [r(2, T, 3, 4, 4) * 0.4, r(2, T, 3, 4, 2), r(2, 3, 4, 2)]),

@@ -1,5 +1,5 @@
 """Diagonal Triton kernels (linear_scan, linear_recurrence, parallel_scan_log, gated_recurrence and
-its stacked form) vs the float64 loops.
+its stacked form, signed_recurrence_stacked) vs the float64 loops.
 
 On a CPU machine they run through the Triton interpreter (conftest sets TRITON_INTERPRET=1), so the
 shapes stay tiny. `forced_layout` shrinks the tile to cross tile boundaries and forces the time
@@ -41,19 +41,23 @@ def _inputs(op, B, T, D, dtype, device, seed=0):
         xs = [_signed(g, B, T, D), torch.randn(B, T, D, generator=g), torch.randn(B, D, generator=g)]
     elif op == "gated_recurrence":  # pre-activations wide enough to saturate some gates
         xs = [3 * torch.randn(B, T, D, generator=g), 2 * torch.randn(B, T, D, generator=g), torch.rand(B, D, generator=g)]
+    elif op == "signed_recurrence":  # k, cand, s; a state of either sign
+        xs = [3 * torch.randn(B, T, D, generator=g), torch.randn(B, T, D, generator=g),
+              2 * torch.randn(B, T, D, generator=g), torch.randn(B, D, generator=g)]
     else:
         xs = [-F.softplus(torch.randn(B, T, D, generator=g)), torch.randn(B, T + 1, D, generator=g)]
     return [x.to(device=device, dtype=dtype) for x in xs]
 
 
 def _case_inputs(name, B, T, D, dtype, device, seed=0):
-    """The inputs of OPS[name]: its op's, less h0 for "-no_h0", plus a (2D,) bias for "-bias"."""
+    """The inputs of OPS[name]: its op's, less h0 for "-no_h0", plus a bias for "-bias" (one (D,)
+    piece per stacked part)."""
     xs = _inputs(name.split("-")[0], B, T, D, dtype, device, seed)
     if name.endswith("no_h0"):
         return xs[:2]
     if name.endswith("bias"):
         g = torch.Generator().manual_seed(seed + 100)
-        xs.append(torch.randn(2 * D, generator=g).to(device=device, dtype=dtype))
+        xs.append(torch.randn((len(xs) - 1) * D, generator=g).to(device=device, dtype=dtype))
     return xs
 
 
@@ -70,6 +74,15 @@ OPS = {
     "gated_recurrence-stacked-bias": (
         lambda k, cand, h0, bias: mingru.gated_recurrence_stacked(torch.cat([k, cand], -1), h0, bias),
         lambda k, cand, h0, bias: naive.gated_recurrence_naive(k + bias[:k.shape[-1]], cand + bias[k.shape[-1]:], h0)),
+    # SignedMinGRU's k | cand | s, as its single projection matmul writes them: plain, and coupled
+    # with the three projections' biases
+    "signed_recurrence-stacked": (
+        lambda k, cand, s, h0: mingru.signed_recurrence_stacked(torch.cat([k, cand, s], -1), h0),
+        naive.signed_recurrence_naive),
+    "signed_recurrence-coupled-bias": (
+        lambda k, cand, s, h0, bias: mingru.signed_recurrence_stacked(torch.cat([k, cand, s], -1), h0, bias, True),
+        lambda k, cand, s, h0, bias: naive.signed_recurrence_naive(*(x + piece for x, piece in zip(
+            (k, cand, s), bias.chunk(3))), h0, coupled=True)),
 }
 
 

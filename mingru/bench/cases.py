@@ -99,6 +99,9 @@ def op_inputs(op, dims, dtype=torch.float32, device="cpu"):
     elif op == "gated_recurrence_stacked":  # k | cand as one projection writes them, and its bias
         D = dims["D"]
         xs = (randn(B, T, 2 * D), torch.rand(B, D, device=device), randn(2 * D))
+    elif op == "signed_recurrence_stacked":  # k | cand | s as SignedMinGRU's one projection writes them
+        D = dims["D"]
+        xs = (randn(B, T, 3 * D), randn(B, D), randn(3 * D))
     elif op in DIAGONAL:
         D = dims["D"]
         xs = (_signed(B, T, D, device=device), randn(B, T, D))

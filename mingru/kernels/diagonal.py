@@ -1,8 +1,8 @@
 """Triton kernels for the elementwise-in-D scans: linear_scan, linear_recurrence, parallel_scan_log,
-gated_recurrence.
+gated_recurrence, signed_recurrence_stacked.
 
-All four are the affine monoid of `core` run along time, one lane per channel. One forward
-kernel and one backward kernel serve the four ops through the constexpr MODE:
+All five are the affine monoid of `core` run along time, one lane per channel. One forward
+kernel and one backward kernel serve them through the constexpr MODE:
 
   SCAN  linear_scan(a, b) -> (A, Bc)        the prefix: A_t = prod a,  Bc_t = a_t Bc_{t-1} + b_t
   REC   linear_recurrence(a, b, h0) -> h    the same, from h0, without the prefix products
@@ -10,11 +10,15 @@ kernel and one backward kernel serve the four ops through the constexpr MODE:
   GATE  gated_recurrence(k, c, h0) -> h     REC with a_t = 1 - z_t, b_t = z_t g(c_t), z = sigmoid(k),
                                             the gates computed from k and c as the tiles load
                                             (stacked: k | c in one tensor, optionally plus a bias)
+  SIGN  signed_recurrence_stacked(kcs, h0)  REC with a_t = tanh(s_t), b_t = z_t c_t from k | c | s in
+        -> h                                one tensor (plus a bias); SIGN_COUPLED: a_t = (1 - z_t) tanh(s_t)
 
 The backward is the same monoid in reverse time: lam_t = g_t + a_{t+1} lam_{t+1}, read from the
-forward's inputs and outputs only (no division, so a_t = 0 is fine). With a bias (GATE only) every
-program also sums its own gradient rows of k and c: one partial row per (batch row, segment), which
-the launcher adds up, so no (B, T, 2D) gradient is read again to reduce it.
+forward's inputs and outputs only (no division, so a_t = 0 is fine). With a bias (the stacked
+forms) every program also sums its own gradient rows of k, c (and s): one partial row per (batch row,
+segment), which the launcher adds up, so no (B, T, 2D) or (B, T, 3D) gradient is read again to
+reduce it. The gates are recomputed from the pre-activations wherever a kernel needs them: no gate
+tensor is stored.
 
 Layout (`layout.diagonal`): one program per (block of channels, batch row, time segment) walks its segment in
 tiles of TILE steps, scanning each tile with tl.associative_scan and carrying the state across
@@ -39,7 +43,11 @@ SCAN: tl.constexpr = tl.constexpr(0)
 REC: tl.constexpr = tl.constexpr(1)
 LOG: tl.constexpr = tl.constexpr(2)
 GATE: tl.constexpr = tl.constexpr(3)
-FORMS = ("scan", "rec", "log", "gate")  # the planner's name of each MODE
+SIGN: tl.constexpr = tl.constexpr(4)
+SIGN_COUPLED: tl.constexpr = tl.constexpr(5)
+# the planner's name of each MODE: the signed forms take the gate form's tiles (the same walk, one
+# more input stream)
+FORMS = ("scan", "rec", "log", "gate", "gate", "gate")
 
 
 @triton.jit
@@ -68,14 +76,35 @@ def _candidate(c):
 
 
 @triton.jit
-def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _tanh(x):
+    """tanh from one exp of -2|x| (no overflow), odd by construction, exactly +-1 at +-inf."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _signed_gates(k, c, s, MODE: tl.constexpr):
+    """SignedMinGRU's coefficients from its (biased) pre-activations: (a, b, z, u) with z = sigmoid(k),
+    u = tanh(s), a = u (SIGN_COUPLED: (1 - z) u, 1 - z taken as sigmoid(-k)), b = z c."""
+    z = tl.sigmoid(k)
+    u = _tanh(s)
+    a = u
+    if MODE == SIGN_COUPLED:
+        a = tl.sigmoid(-k) * u
+    return a, z * c, z, u
+
+
+@triton.jit
+def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, bias_s, D, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
                  F64: tl.constexpr):
     """A forward tile, padded with the identity: (a, b) = (1, 0), or (lc, lv) = (0, -inf); GATE
-    returns (1 - z, z g(c)) from the pre-activations k + bias_k, c + bias_c (k = -inf pads: z = 0)."""
+    returns (1 - z, z g(c)) from the pre-activations k + bias_k, c + bias_c (k = -inf pads: z = 0);
+    SIGN its gates from k, c and s = the rows' third part, 2D past k (k = -inf, s = +inf pad)."""
     if MODE == LOG:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
         y = tl.load(y_ptr + offs, mask=mask, other=float("-inf"))
-    elif MODE == GATE:
+    elif MODE == GATE or MODE >= SIGN:
         x = tl.load(x_ptr + offs, mask=mask, other=float("-inf"))
         y = tl.load(y_ptr + offs, mask=mask, other=0.0)
     else:
@@ -86,6 +115,10 @@ def _load_inputs(x_ptr, y_ptr, offs, mask, bias_k, bias_c, MODE: tl.constexpr, H
     if MODE == GATE:
         z = tl.sigmoid(x)
         x, y = tl.sigmoid(-x), z * _candidate(y)[0]
+    elif MODE >= SIGN:
+        s = _biased(_acc(tl.load(x_ptr + 2 * D + offs, mask=mask, other=float("inf")), F64), bias_s[None, :],
+                    HAS_BIAS)
+        x, y, _, _ = _signed_gates(x, y, s, MODE)
     return x, y
 
 
@@ -98,16 +131,20 @@ def _biased(v, bias, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _bias(bias_ptr, cols, cmask, D, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
-    """The biases of k and of c on these channels: bias_ptr holds (2D,) = k's | c's (zeros without:
-    placeholders that _biased never adds)."""
+def _bias(bias_ptr, cols, cmask, D, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
+    """The biases of k, c and s on these channels: bias_ptr holds (2D,) = k's | c's, or for SIGN
+    (3D,) = k's | c's | s's (zeros without: placeholders that _biased never adds)."""
     if HAS_BIAS:
         bias_k = _acc(tl.load(bias_ptr + cols, mask=cmask, other=0.0), F64)
         bias_c = _acc(tl.load(bias_ptr + D + cols, mask=cmask, other=0.0), F64)
+        bias_s = bias_c
+        if MODE >= SIGN:
+            bias_s = _acc(tl.load(bias_ptr + 2 * D + cols, mask=cmask, other=0.0), F64)
     else:
         bias_k = _acc(tl.zeros(cols.shape, tl.float32), F64)
         bias_c = bias_k
-    return bias_k, bias_c
+        bias_s = bias_k
+    return bias_k, bias_c, bias_s
 
 
 @triton.jit
@@ -130,8 +167,8 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
                     F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                     PREFETCH: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
-    x_base = b * T * SX  # the inputs' rows hold SX elements (== D except for GATE's stacked k | cand)
-    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, F64)
+    x_base = b * T * SX  # the inputs' rows hold SX elements (== D except for the stacked forms)
+    bias_k, bias_c, bias_s = _bias(bias_ptr, cols, cmask, D, MODE, HAS_BIAS, F64)
     y_base = lv_base + D if MODE == LOG else x_base
 
     carry_a = _acc(tl.full([BLOCK], 1.0, tl.float32), F64)
@@ -166,17 +203,18 @@ def _forward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, agg_pt
 
     if PREFETCH:  # registers hold the next tile while this one is scanned
         _, in_offs, mask = _tile_offsets(start, t_end, cols, cmask, D, SX, TILE)
-        x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE,
-                                      HAS_BIAS, F64)
+        x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, bias_s, D,
+                                      MODE, HAS_BIAS, F64)
     for i in range(0, tl.cdiv(t_end - start, TILE)):
         offs, in_offs, mask = _tile_offsets(start + i * TILE, t_end, cols, cmask, D, SX, TILE)
         if PREFETCH:
             x, y = x_next, y_next
             _, in_offs_n, mask_n = _tile_offsets(start + (i + 1) * TILE, t_end, cols, cmask, D, SX, TILE)
             x_next, y_next = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs_n, mask_n, bias_k, bias_c,
-                                          MODE, HAS_BIAS, F64)
+                                          bias_s, D, MODE, HAS_BIAS, F64)
         else:
-            x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE, HAS_BIAS, F64)
+            x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, bias_s, D, MODE,
+                                HAS_BIAS, F64)
         if MODE == LOG:
             if AGG_PASS:
                 lc_sum += x
@@ -320,9 +358,10 @@ def _lookback_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, slot_
     cmask = cols < D
     base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
     y_base = lv_base + D if MODE == LOG else x_base
-    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, False)
+    bias_k, bias_c, bias_s = _bias(bias_ptr, cols, cmask, D, MODE, HAS_BIAS, False)
     offs, in_offs, mask = _tile_offsets(seg * TILE, T, cols, cmask, D, SX, TILE)
-    x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, MODE, HAS_BIAS, False)
+    x, y = _load_inputs(x_ptr + x_base, y_ptr + y_base, in_offs, mask, bias_k, bias_c, bias_s, D, MODE, HAS_BIAS,
+                        False)
     if MODE == LOG:
         lc = tl.cumsum(x, 0)  # log of the tile's running product of coefficients
         x, y = tl.exp(x), tl.exp(y)
@@ -352,18 +391,18 @@ def _lookback_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, out_a_ptr, out_h_ptr, slot_
 
 @triton.jit
 def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
-                 x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE: tl.constexpr,
+                 x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, bias_s, D, MODE: tl.constexpr,
                  HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
     """Store one tile of the input gradients from the adjoints lam_t (of h / Bc) and mu_t (of A),
-    and return it; the gradients have the inputs' layout (x_base + in_offs), the outputs are read at
-    base + offs."""
+    and return it (dx, dy, and SIGN's ds: its third part, 2D past dx; else dy again); the gradients
+    have the inputs' layout (x_base + in_offs), the outputs are read at base + offs."""
     dx_mask = mask
     if MODE == SCAN:  # A_{-1} = 1, Bc_{-1} = 0
         a_prev = _acc(tl.load(out_a_ptr + base + offs - D, mask=prev_mask, other=1.0), F64)
         b_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
         dx = mu_t * a_prev + lam_t * b_prev
         dy = lam_t
-    elif MODE == REC or MODE == GATE:
+    elif MODE == REC or MODE == GATE or MODE >= SIGN:
         h_prev = _acc(tl.load(out_h_ptr + base + offs - D, mask=prev_mask, other=0.0), F64)
         if HAS_H0:
             h0 = _acc(tl.load(h0_ptr + b * D + cols, mask=cmask, other=0.0), F64)
@@ -375,6 +414,21 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
                                            bias_c[None, :], HAS_BIAS))
             dx = lam_t * z * (1.0 - z) * (g_c - h_prev)
             dy = lam_t * z * dg_c
+        elif MODE >= SIGN:  # h_t = a h_{t-1} + z c: da = lam h_{t-1}, db = lam
+            k = _biased(_acc(tl.load(x_ptr + x_base + in_offs, mask=mask, other=0.0), F64), bias_k[None, :], HAS_BIAS)
+            c = _biased(_acc(tl.load(y_ptr + x_base + in_offs, mask=mask, other=0.0), F64), bias_c[None, :], HAS_BIAS)
+            s = _biased(_acc(tl.load(x_ptr + x_base + 2 * D + in_offs, mask=mask, other=0.0), F64), bias_s[None, :],
+                        HAS_BIAS)
+            _, _, z, u = _signed_gates(k, c, s, MODE)
+            da = lam_t * h_prev
+            dy = lam_t * z
+            if MODE == SIGN_COUPLED:  # a = (1 - z) u
+                ds = da * tl.sigmoid(-k) * (1.0 - u * u)
+                dx = z * (1.0 - z) * (lam_t * c - da * u)
+            else:
+                ds = da * (1.0 - u * u)
+                dx = lam_t * c * z * (1.0 - z)
+            tl.store(dx_ptr + x_base + 2 * D + in_offs, ds.to(dx_ptr.dtype.element_ty), mask=mask)
         else:
             dx = lam_t * h_prev
             dy = lam_t
@@ -390,16 +444,22 @@ def _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr
         tl.store(dy_ptr + lv_base + D + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(dy_ptr + x_base + in_offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
-    return dx, dy
+    if MODE < SIGN:
+        ds = dy
+    return dx, dy, ds
 
 
 @triton.jit
-def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
+def _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, bias_s, D,
                   MODE: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
     """The gradient of the initial state: a_1 lam_1 (log space: e^{lc_1 + lv_0} lam_1)."""
     x0 = _acc(tl.load(x_ptr + x_base + cols, mask=cmask, other=0.0), F64)
     if MODE == GATE:
         x0 = tl.sigmoid(-_biased(x0, bias_k, HAS_BIAS))
+    elif MODE >= SIGN:
+        s0 = _biased(_acc(tl.load(x_ptr + x_base + 2 * D + cols, mask=cmask, other=0.0), F64), bias_s, HAS_BIAS)
+        k0 = _biased(x0, bias_k, HAS_BIAS)
+        x0 = _signed_gates(k0, k0, s0, MODE)[0]
     if MODE == LOG:
         # a_1 h_0 as one exp, so a huge or -inf log h0 gives a finite value or exactly 0;
         # it is also the gradient of lc_1, since d h_1 / d lc_1 = a_1 h_0 too
@@ -429,8 +489,8 @@ def _reverse_offsets(t_hi, t_begin, T, cols, cmask, D, SX, TILE: tl.constexpr):
 
 
 @triton.jit
-def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, bias_k, SX, MODE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, F64: tl.constexpr):
+def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, bias_k, bias_s, D, SX,
+                   MODE: tl.constexpr, HAS_BIAS: tl.constexpr, F64: tl.constexpr):
     """A backward tile's coefficients of the reverse recurrence c_t = a_{t+1} (0 past the end, 1 on
     padding rows) and its cotangents g (of h / Bc) and ga (of A, SCAN only; else g)."""
     next_x = x_ptr + in_offs + SX
@@ -439,6 +499,10 @@ def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, 
     elif MODE == GATE:  # a = 1 - sigmoid(k) = sigmoid(-k); k = +inf past the end
         c = tl.sigmoid(-_biased(_acc(tl.load(next_x, mask=next_mask, other=float("inf")), F64), bias_k[None, :],
                                 HAS_BIAS))
+    elif MODE >= SIGN:  # a biased pad is no longer 0: zeroed past the end explicitly
+        k = _biased(_acc(tl.load(next_x, mask=next_mask, other=0.0), F64), bias_k[None, :], HAS_BIAS)
+        s = _biased(_acc(tl.load(next_x + 2 * D, mask=next_mask, other=0.0), F64), bias_s[None, :], HAS_BIAS)
+        c = tl.where(next_mask, _signed_gates(k, k, s, MODE)[0], 0.0)
     else:
         c = _acc(tl.load(next_x, mask=next_mask, other=0.0), F64)
     c = tl.where(valid, c, 1.0)
@@ -450,9 +514,14 @@ def _reverse_loads(x_ptr, g_ptr, ga_ptr, offs, in_offs, mask, next_mask, valid, 
 
 
 @triton.jit
-def _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c):
-    """A program's sums of the k and c gradients: row (b, seg) of the partials (B, segments, 2D)."""
-    row = dbias_ptr + (b * segments + seg) * 2 * D + cols
+def _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c, dbias_s, MODE: tl.constexpr):
+    """A program's sums of the k, c (and SIGN's s) gradients: row (b, seg) of the partials
+    (B, segments, 2D), SIGN's (B, segments, 3D)."""
+    if MODE >= SIGN:
+        row = dbias_ptr + (b * segments + seg) * 3 * D + cols
+        tl.store(row + 2 * D, dbias_s, mask=cmask)
+    else:
+        row = dbias_ptr + (b * segments + seg) * 2 * D + cols
     tl.store(row, dbias_k, mask=cmask)
     tl.store(row + D, dbias_c, mask=cmask)
 
@@ -464,9 +533,10 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
                      F64: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
     b, seg, cols, cmask, t_begin, t_end, base, lv_base, agg_off, agg_stride = _program(T, D, seg_len, segments, BLOCK)
     x_base = b * T * SX  # inputs and their gradients: rows of SX elements (see the forward)
-    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, F64)
-    dbias_k = _acc(tl.zeros([BLOCK], tl.float32), F64)  # this program's sums of the k and c gradients
+    bias_k, bias_c, bias_s = _bias(bias_ptr, cols, cmask, D, MODE, HAS_BIAS, F64)
+    dbias_k = _acc(tl.zeros([BLOCK], tl.float32), F64)  # this program's sums of the k, c and s gradients
     dbias_c = dbias_k
+    dbias_s = dbias_k
 
     # Reverse-time carries: lam (adjoint of h / Bc), mu (adjoint of A, SCAN only), and the
     # product of the coefficients (needed only for a segment's aggregate).
@@ -486,7 +556,7 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
         offs, in_offs, mask, next_mask, prev_mask, first, valid = _reverse_offsets(t_end - 1 - i * TILE, t_begin, T,
                                                                                    cols, cmask, D, SX, TILE)
         c, g, ga = _reverse_loads(x_ptr + x_base, g_ptr + base, ga_ptr + base, offs, in_offs, mask, next_mask, valid,
-                                  bias_k, SX, MODE, HAS_BIAS, F64)
+                                  bias_k, bias_s, D, SX, MODE, HAS_BIAS, F64)
         if AGG_PASS:  # the aggregate also needs the product of the coefficients
             _, lam_t, c_prod, lam = carry_scan(c, g, c_prod, lam)
         else:
@@ -496,12 +566,14 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
             mu_t, mu = state_scan(c, ga, mu)
 
         if not AGG_PASS:
-            dx, dy = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols,
-                                  cmask, base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k,
-                                  bias_c, D, MODE, HAS_H0, HAS_BIAS, F64)
+            dx, dy, ds = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols,
+                                      cmask, base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k,
+                                      bias_c, bias_s, D, MODE, HAS_H0, HAS_BIAS, F64)
             if HAS_BIAS:
                 dbias_k += tl.sum(tl.where(mask, dx, 0.0), axis=0)
                 dbias_c += tl.sum(tl.where(mask, dy, 0.0), axis=0)
+                if MODE >= SIGN:
+                    dbias_s += tl.sum(tl.where(mask, ds, 0.0), axis=0)
 
     if AGG_PASS:
         tl.store(agg_ptr + agg_off + seg * D, c_prod, mask=cmask)
@@ -510,10 +582,10 @@ def _backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out_h_ptr, o
             tl.store(agg_ptr + 2 * agg_stride + agg_off + seg * D, mu, mask=cmask)
     else:
         if MODE != SCAN and seg == 0:
-            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, D,
-                          MODE, HAS_H0, HAS_BIAS, F64)
+            _initial_grad(lam, x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k, bias_s,
+                          D, MODE, HAS_H0, HAS_BIAS, F64)
         if HAS_BIAS:
-            _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c)
+            _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, dbias_k, dbias_c, dbias_s, MODE)
 
 
 @triton.jit
@@ -529,12 +601,12 @@ def _lookback_backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out
     seg = segments - 1 - k
     cmask = cols < D
     base, lv_base, x_base = b * T * D, b * (T + 1) * D, b * T * SX
-    bias_k, bias_c = _bias(bias_ptr, cols, cmask, D, HAS_BIAS, False)
+    bias_k, bias_c, bias_s = _bias(bias_ptr, cols, cmask, D, MODE, HAS_BIAS, False)
     t_begin = seg * TILE
     offs, in_offs, mask, next_mask, prev_mask, first, valid = _reverse_offsets(tl.minimum(t_begin + TILE, T) - 1,
                                                                                t_begin, T, cols, cmask, D, SX, TILE)
     c, g, ga = _reverse_loads(x_ptr + x_base, g_ptr + base, ga_ptr + base, offs, in_offs, mask, next_mask, valid,
-                              bias_k, SX, MODE, HAS_BIAS, False)
+                              bias_k, bias_s, D, SX, MODE, HAS_BIAS, False)
     c_loc, lam_loc = tl.associative_scan((c, g), 0, affine_combine)
     mu_loc = lam_loc
     if MODE == SCAN:
@@ -554,15 +626,18 @@ def _lookback_backward_kernel(x_ptr, y_ptr, h0_ptr, bias_ptr, g_ptr, ga_ptr, out
     mu_t = lam_t
     if MODE == SCAN:
         mu_t = mu_loc + c_loc * mu[None, :]
-    dx, dy = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask, base,
-                          x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, D, MODE, HAS_H0,
-                          HAS_BIAS, False)
+    dx, dy, ds = _input_grads(lam_t, mu_t, x_ptr, y_ptr, h0_ptr, out_a_ptr, out_h_ptr, dx_ptr, dy_ptr, b, cols, cmask,
+                              base, x_base, lv_base, offs, in_offs, mask, prev_mask, first, bias_k, bias_c, bias_s, D,
+                              MODE, HAS_H0, HAS_BIAS, False)
     if MODE != SCAN and seg == 0:
         _initial_grad(last_row(lam_t), x_ptr, y_ptr, dx_ptr, dy_ptr, dh0_ptr, b, cols, cmask, x_base, lv_base, bias_k,
-                      D, MODE, HAS_H0, HAS_BIAS, False)
+                      bias_s, D, MODE, HAS_H0, HAS_BIAS, False)
     if HAS_BIAS:
+        dbias_s = tl.zeros([BLOCK], tl.float32)
+        if MODE >= SIGN:
+            dbias_s = tl.sum(tl.where(mask, ds, 0.0), axis=0)
         _store_bias_partials(dbias_ptr, b, seg, segments, cols, cmask, D, tl.sum(tl.where(mask, dx, 0.0), axis=0),
-                             tl.sum(tl.where(mask, dy, 0.0), axis=0))
+                             tl.sum(tl.where(mask, dy, 0.0), axis=0), dbias_s, MODE)
 
 
 class _Launch(NamedTuple):
@@ -572,23 +647,22 @@ class _Launch(NamedTuple):
     acc: torch.dtype  # the dtype kernels accumulate in (that of the aggregates and bias partials)
     slots: Optional[tuple]     # the single pass's zeroed 64-bit slots (words, B, segments, D) + its ticket
     agg: Optional[tuple]       # the two-pass split's aggregates (words, B, segments, D); its first pass runs
-    partials: Optional[tuple]  # the backward's bias-gradient partials (B, segments, 2D)
+    partials: Optional[tuple]  # the backward's bias-gradient partials (B, segments, parts * D)
 
 
 @planned
-def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forced):
+def _plan(mode, direction, shape, parts, has_h0, has_bias, dtype, device, forced):
     """The `_Launch` of `direction`'s kernels in MODE `mode` (its value) for inputs of `shape`
-    (B, T, D; with `stacked`, GATE's (B, T, 2D) rows of k | cand). forced is layout's forced
-    layout, which the planner reads: it keys the memo."""
-    B, T, D = shape
-    if stacked:
-        D //= 2
+    (B, T, parts * D: rows of `parts` stacked inputs, GATE's k | cand or SIGN's k | cand | s; else
+    parts = 1). forced is layout's forced layout, which the planner reads: it keys the memo."""
+    B, T, SX = shape
+    D = SX // parts
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     lay = layout.diagonal(B, T, D, device, direction, FORMS[mode], single_pass=acc == torch.float32)
-    args = dict(T=T, D=D, SX=2 * D if stacked else D, MODE=mode, HAS_H0=has_h0, HAS_BIAS=has_bias,
+    args = dict(T=T, D=D, SX=SX, MODE=mode, HAS_H0=has_h0, HAS_BIAS=has_bias,
                 TILE=lay.tile, BLOCK=lay.block, num_warps=lay.warps, segments=lay.segments)
     words = 3 if mode == SCAN.value and direction == "backward" else 2  # values per segment and lane
-    partials = (B, lay.segments, 2 * D) if direction == "backward" and has_bias else None
+    partials = (B, lay.segments, SX) if direction == "backward" and has_bias else None
     if lay.lookback:
         kernel = _lookback_kernel if direction == "forward" else _lookback_backward_kernel
         return _Launch(kernel, (cdiv(D, lay.block) * B * lay.segments,), args, acc,
@@ -601,11 +675,12 @@ def _plan(mode, direction, shape, stacked, has_h0, has_bias, dtype, device, forc
     return _Launch(kernel, (cdiv(D, lay.block), B, lay.segments), args, acc, None, agg, partials)
 
 
-def _launch(mode, direction, x, tensors, has_h0, stacked=False, bias=None):
+def _launch(mode, direction, x, tensors, has_h0, parts=1, bias=None):
     """Run `direction`'s kernels over the plan (the aggregate pass first when time is split in two
-    passes). x (B, T, D), or with `stacked` GATE's (B, T, 2D) rows of k | cand and its bias (2D,)
-    or None. Returns the backward's bias-gradient partials (B, segments, 2D) when it has a bias."""
-    plan = _plan(mode.value, direction, x.shape, stacked, has_h0, bias is not None, x.dtype, x.device, layout._forced)
+    passes). x (B, T, D), or (B, T, parts * D) rows of stacked inputs with their bias (parts * D,)
+    or None. Returns the backward's bias-gradient partials (B, segments, parts * D) when it has a
+    bias."""
+    plan = _plan(mode.value, direction, x.shape, parts, has_h0, bias is not None, x.dtype, x.device, layout._forced)
     more = dict(tensors, bias_ptr=x if bias is None else bias)
     partials = None if plan.partials is None else torch.empty(plan.partials, dtype=plan.acc, device=x.device)
     if direction == "backward":
@@ -621,16 +696,16 @@ def _launch(mode, direction, x, tensors, has_h0, stacked=False, bias=None):
     return partials
 
 
-def _forward(mode, x, y, h0, out_a, out_h, stacked=False, bias=None):
+def _forward(mode, x, y, h0, out_a, out_h, parts=1, bias=None):
     _launch(mode, "forward", x, dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, out_a_ptr=out_a,
-                                     out_h_ptr=out_h), h0 is not None, stacked, bias)
+                                     out_h_ptr=out_h), h0 is not None, parts, bias)
 
 
-def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, stacked=False, bias=None):
+def _backward(mode, x, y, h0, g, ga, out_h, out_a, dx, dy, dh0, parts=1, bias=None):
     """Fill the input gradients dx, dy, dh0; returns the bias's gradient (summed partials) if `bias`."""
     tensors = dict(x_ptr=x, y_ptr=y, h0_ptr=x if h0 is None else h0, g_ptr=g, ga_ptr=ga, out_h_ptr=out_h,
                    out_a_ptr=out_a, dx_ptr=dx, dy_ptr=dy, dh0_ptr=dh0)
-    partials = _launch(mode, "backward", x, tensors, h0 is not None, stacked, bias)
+    partials = _launch(mode, "backward", x, tensors, h0 is not None, parts, bias)
     return None if partials is None else partials.sum((0, 1)).to(bias.dtype)
 
 
@@ -718,32 +793,36 @@ def _gated_recurrence_bwd(k: torch.Tensor, cand: torch.Tensor, h0: torch.Tensor,
 _gated_recurrence = scan_op("gated_recurrence", _gated_recurrence_fwd, _gated_recurrence_bwd, saved=(0, 1, 2))
 
 
-# ---- gated_recurrence_stacked: k | cand as one (B, T, 2D) projection output -----------------
+# ---- the stacked forms: one projection output holding k | cand (| s) side by side -----------
 
-def _cand(kc):
-    """The cand half of a (B, T, 2D) tensor: a pointer the kernels offset by rows of 2D."""
-    return kc[..., kc.shape[-1] // 2:]
+def _stacked_op(name, mode, parts):
+    """scan_op `name` over (B, T, parts * D) rows of stacked pre-activations in MODE `mode`, an
+    initial state (B, D) and their bias (parts * D,) or None. The kernels read the second part (cand)
+    through a view whose pointer starts D into each row, the others from the first part's."""
+    def second(x):
+        D = x.shape[-1] // parts
+        return x[..., D:2 * D]
+
+    def forward(x: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        x, h0 = x.contiguous(), h0.contiguous()
+        h = x.new_empty(h0.shape[0], x.shape[1], h0.shape[1])
+        _forward(mode, x, second(x), h0, h, h, parts, None if bias is None else bias.contiguous())
+        return h
+
+    def backward(x: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor], h: torch.Tensor,
+                 g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, h0, g = x.contiguous(), h0.contiguous(), g.contiguous()
+        dx, dh0 = torch.empty_like(x), torch.empty_like(h0)
+        dbias = _backward(mode, x, second(x), h0, g, g, h, h, dx, second(dx), dh0, parts,
+                          None if bias is None else bias.contiguous())
+        return dx, dh0, x.new_empty(0) if dbias is None else dbias
+
+    return scan_op(name, forward, backward, saved=(0, 1, 2), optional=(2,))
 
 
-def _gated_recurrence_stacked_fwd(kc: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    kc, h0 = kc.contiguous(), h0.contiguous()
-    B, T, D = h0.shape[0], kc.shape[1], h0.shape[1]
-    h = kc.new_empty(B, T, D)
-    _forward(GATE, kc, _cand(kc), h0, h, h, stacked=True, bias=None if bias is None else bias.contiguous())
-    return h
-
-
-def _gated_recurrence_stacked_bwd(kc: torch.Tensor, h0: torch.Tensor, bias: Optional[torch.Tensor], h: torch.Tensor,
-                                  g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kc, h0, g = kc.contiguous(), h0.contiguous(), g.contiguous()
-    dkc, dh0 = torch.empty_like(kc), torch.empty_like(h0)
-    dbias = _backward(GATE, kc, _cand(kc), h0, g, g, h, h, dkc, _cand(dkc), dh0, stacked=True,
-                      bias=None if bias is None else bias.contiguous())
-    return dkc, dh0, kc.new_empty(0) if dbias is None else dbias
-
-
-_gated_recurrence_stacked = scan_op("gated_recurrence_stacked", _gated_recurrence_stacked_fwd,
-                                    _gated_recurrence_stacked_bwd, saved=(0, 1, 2), optional=(2,))
+_gated_recurrence_stacked = _stacked_op("gated_recurrence_stacked", GATE, 2)
+_signed_recurrence_stacked = {False: _stacked_op("signed_recurrence_stacked", SIGN, 3),
+                              True: _stacked_op("signed_recurrence_coupled_stacked", SIGN_COUPLED, 3)}
 
 
 # ---- entry points (inputs already validated by mingru.ops) -------------------------------
@@ -771,3 +850,8 @@ def gated_recurrence(k, cand, h0):
 def gated_recurrence_stacked(kc, h0, bias=None):
     check_envelope(kc, batch=kc.shape[0])
     return _gated_recurrence_stacked(kc, h0, bias)
+
+
+def signed_recurrence_stacked(kcs, h0, bias=None, coupled=False):
+    check_envelope(kcs, batch=kcs.shape[0])
+    return _signed_recurrence_stacked[coupled](kcs, h0, bias)
