@@ -114,6 +114,21 @@ def test_a_profiler_hook_gets_the_launch_metadata(runtime):
     assert len(compiled.metadata) == 1 and compiled.launches[0][6:8] == ("launch-metadata", enter)
 
 
+def test_empty_hook_chains_are_no_hooks_and_a_registered_one_is_passed(runtime):
+    """Triton's hooks are chains (HookChain: a list of callables in `calls`), empty unless a profiler
+    adds one: an empty chain launches like no hook at all; a chain holding one gets the metadata."""
+    chain = lambda: SimpleNamespace(calls=[])  # noqa: E731
+    runtime.launch_enter_hook, runtime.launch_exit_hook = chain(), chain()
+    kernel = _Kernel()
+    compiled = _go(kernel, torch.randn(8), torch.randn(8))
+    _go(kernel, torch.randn(8), torch.randn(8))
+    assert compiled.metadata == [] and compiled.launches[-1][6:9] == (None, None, None)
+    runtime.launch_enter_hook.calls.append(print)
+    _go(kernel, torch.randn(8), torch.randn(8))
+    assert len(compiled.metadata) == 1
+    assert compiled.launches[-1][6:9] == ("launch-metadata", runtime.launch_enter_hook, None)
+
+
 def test_kernels_with_pre_run_hooks_or_tensor_plans_always_take_kernel_run(runtime):
     hooked = _Kernel(hooks=[lambda *a, **k: None])
     for _ in range(2):

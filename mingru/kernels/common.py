@@ -99,8 +99,8 @@ def _direct_launch(kernel, grid, args, more):
     kernel.run spends most of an eager call's host time binding and specializing each argument to
     find the compiled kernel. Here the compiled kernel is remembered per key of what Triton
     specializes on: the kernel, grid, current device, the plan's arguments (the args dict itself:
-    a plan's dict is never modified), and per argument of `more` its dtype and 16-byte alignment
-    for a tensor, its value otherwise. The first
+    a plan's dict is never modified), the names in `more` and per argument of `more` its dtype and
+    16-byte alignment for a tensor, its value otherwise. The first
     call of a key goes through kernel.run (which compiles, launches and returns the kernel). The
     direct path skips what kernel.run checks again per launch with the same result: its pre-run
     hooks (none are registered on these kernels) and that the kernel's global values have not
@@ -114,11 +114,8 @@ def _direct_launch(kernel, grid, args, more):
         if len(_compiled) >= _COMPILED_MAX:
             _compiled.clear()
         entry = _compiled[id(args)] = (args, {})
-    spec = [kernel, grid, device]
-    for name, x in more.items():
-        spec.append(name)
-        spec.append((x.dtype, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x)
-    key = tuple(spec)
+    key = (kernel, grid, device, tuple(more),
+           *[(x.dtype, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x for x in more.values()])
     hit = entry[1].get(key)
     if hit is None:
         compiled = kernel.run(grid=grid, warmup=False, **more, **args)
@@ -128,12 +125,18 @@ def _direct_launch(kernel, grid, args, more):
     for i, name in hit.fill:
         values[i] = more[name]
     stream = driver.active.get_current_stream(device)
-    enter = runtime.launch_enter_hook
+    enter, leave = _hook(runtime.launch_enter_hook), _hook(runtime.launch_exit_hook)
     meta = None if enter is None else hit.compiled.launch_metadata(grid, stream, *values)
     hit.launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                 hit.compiled.function, hit.compiled.packed_metadata, meta, enter, runtime.launch_exit_hook,
-                 *values)
+                 hit.compiled.function, hit.compiled.packed_metadata, meta, enter, leave, *values)
     return hit.compiled
+
+
+def _hook(chain):
+    """A launch hook as the launcher takes it: None for an empty chain (Triton's hooks are chains of
+    callables, empty unless a profiler registers one), so no launch metadata is built and the
+    launcher calls nothing; anything else as it is."""
+    return None if chain is None or getattr(chain, "calls", True) == [] else chain
 
 
 def _remember(known, key, kernel, compiled, args, more):
