@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from mingru import scans
 from mingru.decay import DecayMixin
 from mingru.dispatch import dispatch, runs_eager
+from mingru.mixers import _stacked
 from mingru.validate import check_input, check_sizes, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
@@ -389,10 +390,10 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     def _heads(self, x):
         """q (..., H, d_k), k (..., nh, H, d_k) unit norm, v (..., nh, H, d_v), beta (..., nh, H)."""
         H, nh, d_k, d_v = self.n_heads, self.nh, self.d_k, self.d_v
-        q, *kvb = (lin(x) for lin in (self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
+        # one matmul for every projection; the micro-steps' outputs lie side by side, j-major
+        qkvb, _ = _stacked(x, self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta, add_bias=True)
+        q, k, v, beta = qkvb.split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
         lead = x.shape[:-1]
-        k, v, beta = (torch.stack(part, -2) if nh > 1 else part[0].unsqueeze(-2)  # (..., nh, H * size)
-                      for part in (kvb[:nh], kvb[nh:2 * nh], kvb[2 * nh:]))
         k = F.normalize(k.reshape(*lead, nh, H, d_k), dim=-1)
         return (q.reshape(*lead, H, d_k), k, v.reshape(*lead, nh, H, d_v),
                 2 * torch.sigmoid(beta.reshape(*lead, nh, H)))
