@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from mingru import scans
 from mingru.decay import DecayMixin
 from mingru.dispatch import dispatch, runs_eager
-from mingru.mixers import _stacked
+from mingru.mixers import stacked_params
 from mingru.validate import check_input, check_sizes, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
@@ -391,7 +391,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         """q (..., H, d_k), k (..., nh, H, d_k) unit norm, v (..., nh, H, d_v), beta (..., nh, H)."""
         H, nh, d_k, d_v = self.n_heads, self.nh, self.d_k, self.d_v
         # one matmul for every projection; the micro-steps' outputs lie side by side, j-major
-        qkvb, _ = _stacked(x, self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta, add_bias=True)
+        qkvb = F.linear(x, *stacked_params(self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
         q, k, v, beta = qkvb.split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
         lead = x.shape[:-1]
         k = F.normalize(k.reshape(*lead, nh, H, d_k), dim=-1)

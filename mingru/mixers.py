@@ -120,17 +120,20 @@ def _stacks(x):
     return not dispatch.runs_eager(x) and dispatch.sequence_parallel_route is None
 
 
-def _stacked(x, *linears, add_bias=False):
+def stacked_params(*linears):
+    """(weight, bias) of `linears` stacked along their outputs (bias None without), for one matmul
+    that computes their outputs side by side. The parameters stay separate, as the checkpoint has
+    them."""
+    weight = torch.cat([lin.weight for lin in linears])
+    return weight, None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+
+
+def _stacked(x, *linears):
     """(kc, bias): the outputs of `linears` on x side by side in the last dim, without their
     biases, from one matmul over their stacked weights; and their biases stacked the same way (None
     without). The scan adds the bias: its backward sums the bias's gradient as it goes, where the
-    matmul's would reduce the whole output gradient once more. add_bias: the matmul adds them
-    (for torch code after it), and the bias returned is None. The parameters stay separate, as the
-    checkpoint has them."""
-    weight = torch.cat([lin.weight for lin in linears])
-    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-    if add_bias:
-        return nn.functional.linear(x, weight, bias), None
+    matmul's would reduce the whole output gradient once more."""
+    weight, bias = stacked_params(*linears)
     kc = nn.functional.linear(x, weight)
     return kc, None if bias is None else bias.to(kc.dtype)  # autocast: kc's dtype
 
