@@ -266,7 +266,8 @@ class _Carried(torch.autograd.Function):
     masked in place. h_0 None is a zero start: chunk 0's terms in h_0 are skipped, and so are
     their gradients (the state terms run over the chunks from `first`, 1 for a zero start, else 0).
     Forward: per chunk one solve and two batched multiply-adds; Y for every chunk at once after the
-    chain. Backward, the adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1},
+    chain. Where dispatch runs kernels, one launch inverts every chunk's T first (`_inverses`), each
+    solve is then a batched matmul, and the inverses are kept in place of tri for the backward. Backward, the adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1},
     dr_n = T_n^{-T} du_n, dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other
     gradient for all chunks at once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower,
     dread = dY u^T masked, ...). Autograd records no step: the backward keeps the inputs, the chunk
@@ -277,14 +278,17 @@ class _Carried(torch.autograd.Function):
     def forward(ctx, tri, read, Kh, Qh, Kc, V, decay, h, causal):
         first = int(h is None)
         read = _causal(read, causal)
+        inv = _inverses(tri)
+        solve = (lambda n, rhs: torch.bmm(inv[n], rhs)) if inv is not None else \
+            (lambda n, rhs: scans.unit_lower_solve(tri[n], rhs))
         starts, U = [], []
         for n in range(tri.shape[0]):
             if h is None:
-                U.append(scans.unit_lower_solve(tri[n], V[n]))
+                U.append(solve(n, V[n]))
                 h = torch.bmm(Kc[n], U[n])
                 continue
             starts.append(h)
-            U.append(scans.unit_lower_solve(tri[n], torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
+            U.append(solve(n, torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
             h = torch.baddbmm(h if decay is None else decay[n, :, None, None] * h, Kc[n], U[n])
         U = _stack(U)
         Y = torch.matmul(read, U)
@@ -293,14 +297,14 @@ class _Carried(torch.autograd.Function):
             Y[first:].flatten(0, 1).baddbmm_(Qh[first:].flatten(0, 1), starts.flatten(0, 1))
         else:
             starts = U.new_zeros(0, *h.shape)
-        ctx.first, ctx.causal = first, causal
-        ctx.save_for_backward(tri, read, Kh, Qh, Kc, decay, starts, U)
+        ctx.first, ctx.causal, ctx.inverted = first, causal, inv is not None
+        ctx.save_for_backward(tri if inv is None else inv, read, Kh, Qh, Kc, decay, starts, U)
         return Y, h
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dY, dh):
-        tri, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors
+        tri, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors  # tri: its inverses if ctx.inverted
         first = ctx.first
         dh = Kc.new_zeros(Kc.shape[1], Kc.shape[2], U.shape[-1]) if dh is None else dh
         read_dY = torch.matmul(read.mT, dY)              # (N, G, M, d_v)
@@ -311,7 +315,8 @@ class _Carried(torch.autograd.Function):
             # T^{-T} du: an upper solve with tri^T reads the entries of tri the forward's solve read
             # (a lower solve from the right, the same thing, ran several times slower on a CPU)
             du = torch.baddbmm(read_dY[n], Kc[n].mT, dh)
-            dR.append(torch.linalg.solve_triangular(tri[n].mT, du, upper=True, unitriangular=True))
+            dR.append(torch.bmm(tri[n].mT, du) if ctx.inverted else
+                      torch.linalg.solve_triangular(tri[n].mT, du, upper=True, unitriangular=True))
             if n < first:
                 break  # a zero start state takes no gradient
             q_dy = Qh_dY[n - first]
@@ -329,6 +334,16 @@ class _Carried(torch.autograd.Function):
             if decay is not None:
                 ddecay = _from_chunk(first, (ends[first:] * starts).sum((-2, -1)), decay)
         return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh, None
+
+
+def _inverses(tri):
+    """Every chunk's T^{-1} = (I + strict_lower(tri))^{-1} from the Triton kernel, where dispatch runs
+    kernels, else None: eager, the carried form solves chunk by chunk (on a CPU a solve with d_v
+    right-hand sides costs less than an inverse). With the inverses each solve is one batched
+    matmul, and the backward's transposed solves read them in place of tri."""
+    if runs_eager(tri):
+        return None
+    return dispatch("unit_lower_inverse", scans.unit_lower_inverse, tri, local=True)
 
 
 def _walk(A, X, h):

@@ -31,6 +31,7 @@ TRITON_IMPLS = {
     "matrix_recurrence": "mingru.kernels.matrix:matrix_recurrence",
     "rotation_recurrence": "mingru.kernels.rotation:rotation_recurrence",
     "unit_lower_solve": "mingru.kernels.triangular:unit_lower_solve",
+    "unit_lower_inverse": "mingru.kernels.triangular:unit_lower_inverse",
 }
 
 

@@ -389,6 +389,12 @@ def unit_lower_solve(L, R):
     return torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True)
 
 
+def unit_lower_inverse(L):
+    """(I + L)^{-1}, reading only the strictly lower part of L (..., M, M)."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand(L.shape)
+    return torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
+
+
 def _block_diagonal(blocks):
     """(..., m, 2, 2) blocks -> the (..., 2m, 2m) matrix with them on its diagonal."""
     m = blocks.shape[-3]

@@ -61,9 +61,9 @@ def _cases():
     }
     from mingru import scans
     from mingru.dispatch import dispatch
-    L = torch.randn(4, 16, 16, generator=g) * 0.1
+    L = torch.randn(4, 64, 64, generator=g) * 0.1  # M = 64: the inverse's every block
     cases["unit_lower_solve"] = (lambda L, R: dispatch("unit_lower_solve", scans.unit_lower_solve, L, R),
-                                 [L, r(4, 16, 3)])
+                                 [L, r(4, 64, 3)])
     return {name: (op, [x.requires_grad_() for x in xs]) for name, (op, xs) in cases.items()}
 
 

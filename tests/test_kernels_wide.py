@@ -1,5 +1,5 @@
 """The delta rule's kernels against float64: the wide matrix_recurrence (k, v in WIDE_SIZES), the
-unit lower triangular solve, and delta_rule_chunked running both under MINGRU_SCAN=triton.
+unit lower triangular solve and inverse, and delta_rule_chunked running them under MINGRU_SCAN=triton.
 
 Without a GPU they run through the Triton interpreter, so the shapes stay small. Tolerances:
 float32 sums k-term products over a few steps, so 1e-5 abs / 1e-4 rel on values of order one.
@@ -51,7 +51,7 @@ def test_wide_matrix_recurrence_bfloat16(device):
     torch.testing.assert_close(got.cpu().double(), want, atol=3e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("M", [1, 7, 64])
+@pytest.mark.parametrize("M", [1, 7, 33, 64])
 def test_unit_lower_solve_matches_float64(M, device):
     g = torch.Generator().manual_seed(M)
     L = torch.randn(2, 3, M, M, generator=g) * 0.3 + torch.randn(2, 3, M, M, generator=g).triu() * 5
@@ -64,18 +64,33 @@ def test_unit_lower_solve_matches_float64(M, device):
     _close([x.cpu() for x in got + got_grads], want + want_grads)
 
 
+@pytest.mark.parametrize("M", [1, 7, 33, 64])
+def test_unit_lower_inverse_matches_float64(M, device):
+    g = torch.Generator().manual_seed(M)
+    L = torch.randn(3, M, M, generator=g) * 0.3 + torch.randn(3, M, M, generator=g).triu() * 5
+    cot = [torch.randn(3, M, M, generator=g).double()]
+    want, want_grads = outputs_and_grads(scans.unit_lower_inverse, [L.double()], cot)
+    run = lambda L: dispatch("unit_lower_inverse", scans.unit_lower_inverse, L)  # noqa: E731
+    got, got_grads = outputs_and_grads(run, [L.to(device)], [c.to(device) for c in cot])
+    _close([x.cpu() for x in got + got_grads], want + want_grads)
+
+
 def test_unit_lower_solve_declines_outside_its_envelope(device):
     L = torch.zeros(1, triangular.MAX_M + 1, triangular.MAX_M + 1, device=device)
     with pytest.raises(ScanFallback, match="M = 65"):
         triangular.unit_lower_solve(L, torch.ones(1, triangular.MAX_M + 1, 2, device=device))
     with pytest.raises(ScanFallback, match="bfloat16"):
         triangular.unit_lower_solve(L[:, :4, :4].bfloat16(), torch.ones(1, 4, 2, device=device).bfloat16())
+    with pytest.raises(ScanFallback, match="M = 65"):
+        triangular.unit_lower_inverse(L)
 
 
+@pytest.mark.parametrize("across", [None, "carry"])
 @pytest.mark.parametrize("nh,decay,d_k", [(1, False, 32), (2, True, 32), (1, True, 8)])
-def test_delta_rule_on_the_kernels_matches_the_recurrence(nh, decay, d_k, device):
+def test_delta_rule_on_the_kernels_matches_the_recurrence(nh, decay, d_k, across, device):
     """chunk 8 over T = 19: three chunks (the last ragged) chained by the wide (d_k = 32) or the
-    narrow (d_k = 8) matrix_recurrence kernel, every chunk's UT transform by unit_lower_solve."""
+    narrow (d_k = 8) matrix_recurrence kernel, every chunk's UT transform by unit_lower_solve; or
+    (across="carry") carried chunk by chunk, every chunk's T inverted by unit_lower_inverse."""
     g = torch.Generator().manual_seed(nh + d_k)
     B, T, H = 2, 19, 2
     q = torch.randn(B, T, H, d_k, generator=g)
@@ -90,6 +105,6 @@ def test_delta_rule_on_the_kernels_matches_the_recurrence(nh, decay, d_k, device
         return lambda q, k, v, beta, h_0, log_gamma=None: fn(q, k, v, beta, log_gamma, h_0, **kw)
 
     want, want_grads = outputs_and_grads(run(delta_rule_recurrent), [x.double() for x in inputs], cot)
-    got, got_grads = outputs_and_grads(run(delta_rule_chunked, chunk_size=8), [x.to(device) for x in inputs],
+    got, got_grads = outputs_and_grads(run(delta_rule_chunked, chunk_size=8, across=across), [x.to(device) for x in inputs],
                                        [c.to(device) for c in cot])
     _close([x.cpu() for x in got + got_grads], want + want_grads, atol=5e-5, rtol=1e-4)

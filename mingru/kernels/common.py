@@ -205,6 +205,7 @@ def _autograd(saved, optional):
     def grad(ctx, backward, *g):
         tensors = ctx.saved_tensors
         grads = backward(*tensors, *(cotangent(gi, o) for gi, o in zip(g, tensors[len(tensors) - len(g):])))
+        grads = (grads,) if isinstance(grads, torch.Tensor) else grads  # an op of one input
         return tuple(None if i in ctx.absent else gi for i, gi in enumerate(grads))
     return setup_context, grad
 
