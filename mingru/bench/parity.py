@@ -39,7 +39,7 @@ MIXER_OUT = ("outputs are gated normwise (rtol times the largest entry): they pa
              "projection, and without decay a rotation state keeps every step's rounding, so the float32 "
              "error grows with T and with the outputs' scale (eager_vs_f64 shows the reference's own share)")
 WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
-# DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and the wide
+# DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and inverses, the wide
 # matrix_recurrence that chains them) are not scans of their own in the speed tables
 MIXERS = cases.MIXERS + ("DeltaMinGRU",)
 FAMILY = {"parallel_scan_log": "log", "gated_recurrence": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
@@ -112,7 +112,7 @@ def grid(quick):
             for B, T in ((2, 33), (2, 300)):
                 yield mixer, dict(B=B, T=T, d=32, k=8), dtype
         # 4 heads: d_k = 8 chains on the narrow matrix kernel, d_k = 32 on the wide one; T = 33 is
-        # one chunk (torch on both sides), T = 300 five
+        # one chunk (carried: the triangular inverse kernel against eager solves), T = 300 five
         for T, d in ((33, 128), (300, 32), (300, 128)):
             yield "DeltaMinGRU", dict(B=2, T=T, d=d), dtype
 
