@@ -181,13 +181,13 @@ def test_plan_splits_time_only_for_few_lanes():
     assert many.block == 128 and layout.matrix(8, 64, 16, 32, cpu).block == 1
 
 
-def test_plan_keeps_segments_of_the_minimum_length_at_every_k():
+def test_plan_splits_short_walks_only_at_the_short_split_k():
     cpu = torch.device("cpu")
-    for k in (2, 4, 8, 16):
-        short = layout.matrix(64, 64, k, k, cpu)  # T = 64 holds two minimum segments: kept whole
-        assert (short.segments, short.seg_len) == (1, 64)
-        long = layout.matrix(8, 1024, k, k, cpu)
-        assert long.segments > 1 and long.seg_len >= layout.MATRIX_MIN_SEGMENT
+    k4 = layout.matrix(64, 64, layout.SHORT_SPLIT_K, 8, cpu)
+    assert k4.segments >= 4 and 2 * k4.tile <= k4.seg_len < layout.MATRIX_MIN_SEGMENT
+    assert layout.matrix(8, 64, 8, 9, cpu).segments == 1  # k = 8 keeps T = 64 whole
+    long = layout.matrix(64, 1024, layout.SHORT_SPLIT_K, 8, cpu)
+    assert long.seg_len >= layout.MATRIX_MIN_SEGMENT  # long walks keep the usual minimum
 
 
 def test_plan_never_puts_two_lanes_in_a_program():

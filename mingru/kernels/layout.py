@@ -148,6 +148,11 @@ def _lookback(T, D, single, forced):
 PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
 MATRIX_TILE = 4              # steps whose loads are issued before the first product waits
 MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: keep it long
+# k whose short walks split too: a segment as short as T/8 (never under 2 tiles) where T is under
+# 8 minimum segments. At the seed's lab shape (T = 64) on an H200 that split ran faster at k = 4,
+# and slower at k = 8 and 16 (their products make the first pass and the carry fold dearer). On an
+# H100, k = 4 without the split ran slower by GPU clock in both directions and both dtypes.
+SHORT_SPLIT_K = 4
 # (k, direction) whose tile is not MATRIX_TILE. Sweeps of tiles 1, 2, 4 on the H200 at B128 T64 and
 # B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
 # they hide there); k = 4's backward ran fastest at 2; k = 16 keeps 4 (k = 2 was not swept). At k = 16
@@ -169,10 +174,8 @@ def matrix(lanes, T, k, width, device, direction="forward"):
     and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one
     lane and one warp per program when the lanes give MATRIX_PROGRAMS_PER_SM programs per SM, else
     four lanes. The walk is latency-bound, so T is split below MATRIX_PROGRAMS_PER_SM programs per
-    SM once it holds four minimum segments of MATRIX_MIN_SEGMENT steps, at every k. (Shorter
-    segments at k = 4, down to T/8, once ran faster on an H200 at T = 64; on an H100 at B128 T64 and
-    T128 they ran no faster by GPU clock than this plan and added a launch and two buffers a call,
-    host work that bounds these shapes.)"""
+    SM once it holds four minimum segments (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8
+    where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)
 
 
@@ -186,7 +189,10 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
         block, warps = (1, 1) if lanes >= MATRIX_PROGRAMS_PER_SM * sms else (4, 4)
     block, warps = forced[2] or block, forced[4] or warps
     tile = forced[0] or MATRIX_TILES.get((k, direction), MATRIX_TILE)
-    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, MATRIX_MIN_SEGMENT, 4, MATRIX_PROGRAMS_PER_SM,
+    min_len = MATRIX_MIN_SEGMENT
+    if k == SHORT_SPLIT_K:
+        min_len = max(2 * tile, min(min_len, T // 8))
+    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, 4, MATRIX_PROGRAMS_PER_SM,
                                    MATRIX_PROGRAMS_PER_SM, T, forced[1])
     return Plan(block, tile, segments, seg_len if segments > 1 else T, warps, forced[5] or 1,
                 prefetch=MATRIX_PREFETCH and tile == 1)
