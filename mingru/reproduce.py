@@ -291,14 +291,14 @@ def main(argv=None):
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(keys), NOTEBOOK_WORKERS) + bool(harnesses))) as pool:
         list(pool.map(lambda job: job(), jobs))
     total = time.monotonic() - start
-    write_record(results_dir, record, total, cache, env, keys, smoke)
+    failed = [r["step"] for r in record if not r["ok"]]
+    cut = {r["step"]: r["left_out"] for r in record if r.get("left_out")}
+    write_record(results_dir, record, total, cache, env, keys, smoke, complete=not failed and not cut)
     if smoke:
         needs = [f"  [{k}] {NEEDS_GPU[k]}" for k in keys if k in NEEDS_GPU]
         print("needs a GPU (run `make reproduce` there; the smoke run only exercised the code paths):\n"
               + "\n".join(needs) if needs else "nothing in this chapter needs a GPU")
-    failed = [r["step"] for r in record if not r["ok"]]
     print(f"reproduce: {total:.0f} s in all")
-    cut = {r["step"]: r["left_out"] for r in record if r.get("left_out")}
     if cut:
         print("reproduce: time budgets left cases out (a slower GPU, or a budget to raise): "
               + ", ".join(f"{step} {n}" for step, n in cut.items()))
@@ -329,7 +329,8 @@ def compile_ahead(harnesses, keys, env):
 
 def write_record(results_dir, record, total, cache, env, keys, smoke, complete=True):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
-    and the worker seconds of the compile pools per harness function (each one's longest call, and
+    complete (the run reached its end with every step ok and no case left out by a time budget: the
+    files in results/ are then this run's, all of them), and the worker seconds of the compile pools per harness function (each one's longest call, and
     its calls that raised in the pool: their cases compiled in the sweep instead)."""
     from mingru.bench import env as environment
     from mingru.bench import warm

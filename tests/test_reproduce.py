@@ -82,6 +82,7 @@ def test_a_failed_step_is_reported_and_sets_the_exit_code(tmp_path, monkeypatch,
     captured = capsys.readouterr()
     assert "== notebook 02_kernel_layout: FAILED" in captured.out and "ZeroDivisionError" in captured.out
     assert "1 step(s) failed: notebook 02_kernel_layout" in captured.err
+    assert json.loads((tmp_path / "results" / "reproduce.json").read_text())["complete"] is False
 
 
 def test_the_record_is_written_after_each_harness(tmp_path, monkeypatch):
@@ -184,3 +185,13 @@ def test_the_triton_cache_folder_is_pinned_for_the_run(monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR")
     reproduce.triton_cache_state()
     assert os.environ["TRITON_CACHE_DIR"] == default
+
+
+def test_cases_left_out_by_a_budget_make_the_run_incomplete(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env: None)
+    monkeypatch.setattr(reproduce, "run_notebook", lambda *args, **kw: None)
+    monkeypatch.setattr(reproduce, "left_out", lambda name: 2)
+    assert reproduce.main(["03", "--smoke", "--out", str(tmp_path)]) == 0
+    assert "bench precision 2" in capsys.readouterr().out
+    final = json.loads((tmp_path / "results" / "reproduce.json").read_text())
+    assert final["complete"] is False and final["steps"][0]["left_out"] == 2
