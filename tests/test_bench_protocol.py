@@ -1,9 +1,11 @@
 """The measuring protocol's guarantees: no CPU run overwrites GPU results, budgets bound a sweep,
 goals are judged from the data, the seed runs only in its own process, provenance counts commits."""
 import json
+import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -75,6 +77,16 @@ def test_default_workers_follow_the_device_and_the_environment(monkeypatch):
     assert 0 <= warm.default_workers("cuda") <= 16
     monkeypatch.setenv(warm.WORKERS_ENV, "3")
     assert warm.default_workers("cuda") == 3
+
+
+def test_default_workers_share_the_gpus_memory(monkeypatch):
+    monkeypatch.delenv(warm.WORKERS_ENV, raising=False)
+    by_cores = max(0, min(16, os.cpu_count() or 2))
+    for gib, cap in ((24, 4), (80, 13), (141, 23)):
+        props = types.SimpleNamespace(total_memory=gib * 2**30)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, props=props: props)
+        assert warm.default_workers("cuda") == min(by_cores, cap)
 
 
 @pytest.mark.parametrize("seed_gpu, seed_wall, ours_peak, seed_peak, memory, expected", [

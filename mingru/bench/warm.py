@@ -29,6 +29,9 @@ SPENT = {}  # target -> worker seconds its calls took in the last pool that ran 
 LONGEST = {}  # target -> its longest single call in that pool (what bounds the pool from below)
 FAILED = {}  # target -> (calls that raised in that pool, the first one's error): those cases compile in the sweep
 POOL_ROUNDS = 3  # pools a run of calls may take when CUDA errors leave workers unusable
+# GPU memory a worker may need: its CUDA context and one case's tensors (its cache is emptied after
+# each call). Sixteen workers ran out of memory on an 80 GB GPU where they had not on a 141 GB one.
+WORKER_GPU_BYTES = 6 * 2**30
 _DEAD = []  # in a worker: the CUDA error that left its context unusable (the worker then hands calls back)
 
 
@@ -46,13 +49,19 @@ def pin_triton_cache():
 
 
 def default_workers(device):
-    """One per CPU core (at most 16) on a GPU machine: compiling is single-threaded CPU work;
-    0 (no pool) on a CPU or when MINGRU_BENCH_WORKERS says so."""
+    """One per CPU core (at most 16) on a GPU machine: compiling is single-threaded CPU work; but at
+    most one per WORKER_GPU_BYTES of the GPU's memory, which the workers share (each runs its case
+    on the GPU). 0 (no pool) on a CPU; MINGRU_BENCH_WORKERS overrides."""
     if os.environ.get(WORKERS_ENV) is not None:
         return int(os.environ[WORKERS_ENV])
     if str(device).split(":")[0] != "cuda":
         return 0
-    return max(0, min(16, os.cpu_count() or 2))
+    workers = max(0, min(16, os.cpu_count() or 2))
+    import torch
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        workers = min(workers, max(1, total // WORKER_GPU_BYTES))
+    return workers
 
 
 def context_fault(exc):
@@ -74,6 +83,9 @@ def _run_call(target, case):
         error = f"{type(exc).__name__}: {exc}"[:300]
         if context_fault(exc):
             _DEAD.append(error)
+    torch = sys.modules.get("torch")
+    if not _DEAD and torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # what the call left cached goes back to the workers beside this one
     return time.monotonic() - start, error, False
 
 
