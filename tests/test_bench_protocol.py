@@ -338,3 +338,56 @@ def test_seed_and_ours_take_turns(monkeypatch, tmp_path):
     assert count() == 2 and seed.VERSION["seed"] == "unknown"
     results.close()
     assert count() == 2
+
+
+def test_again_times_the_last_timed_step_once_more():
+    x = torch.ones(3)
+    step = lambda: x * 2  # noqa: E731
+    got = timing.check_then_time(lambda: ((x * 2,), ()), ((x * 2,), ()), seed.TOLERANCE["float32"], step, "cpu",
+                                 reps=3, gpu_time=False, rounds=3)
+    assert got["status"] == "ok" and got["us"] > 0 and timing.again() > 0
+    wrong = timing.check_then_time(lambda: ((x,), ()), ((x * 2,), ()), seed.TOLERANCE["float32"], step, "cpu",
+                                   reps=3, gpu_time=False, rounds=3)
+    assert wrong["status"].startswith("wrong") and timing.again() is None  # nothing timed: no round
+
+
+def test_wall_rounds_alternate_and_take_each_sides_median(monkeypatch):
+    order = []
+
+    def theirs():  # seed_results between two jobs: each send("wall") answers one round
+        ask = yield {"us": 20.0, "status": "ok"}
+        for us in (30.0, 10.0):
+            assert ask == "wall"
+            order.append("seed")
+            ask = yield us
+    rounds = iter([50.0, 20.0])
+
+    def ours_again():
+        order.append("ours")
+        return next(rounds)
+    monkeypatch.setattr(timing, "again", ours_again)
+    lockstep = theirs()
+    seed_got, mine = next(lockstep), {"us": 40.0, "status": "ok"}
+    seed.alternate_wall(lockstep, seed_got, mine, 3)
+    assert order == ["seed", "ours", "seed", "ours"]
+    assert seed_got["wall_rounds"] == [20.0, 30.0, 10.0] and seed_got["us"] == 20.0
+    assert mine["wall_rounds"] == [40.0, 50.0, 20.0] and mine["us"] == 40.0
+    failed = {"us": None, "status": "wrong"}
+    seed.alternate_wall(theirs(), failed, {"us": None, "status": "wrong"}, 3)  # no first time: no rounds
+    assert "wall_rounds" not in failed and order == ["seed", "ours", "seed", "ours"]
+
+
+def test_the_seed_runner_answers_a_wall_round(monkeypatch, tmp_path):
+    """After a job the runner times its step once more on `wall` (null when the job was not timed),
+    and the lockstep generator hands the answer back from send("wall")."""
+    fake = tmp_path / "fake-seed" / "mingru"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("def linear_scan(*xs):\n    return xs[0]\n")
+    monkeypatch.setattr(places, "SEED", fake.parent)
+    jobs = [{**seed.op_job("linear_scan", {"B": 1, "T": 3, "D": 2}, "float32", "fwd", "cpu", 1), "wall_rounds": 3}
+            for _ in range(2)]
+    results = seed.seed_results(jobs, "cpu")
+    assert next(results)["status"].startswith("wrong")
+    assert results.send("wall") is None  # the stub's answer is wrong: it was never timed
+    assert next(results)["status"].startswith("wrong")  # the lockstep goes on to the next job
+    results.close()

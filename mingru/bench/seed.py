@@ -3,7 +3,8 @@
 Ours runs in this process, the seed in a separate one (`seed_runner.py`, the seed's folder first on
 sys.path), both through the same functions on the same tensors: inputs, cotangents and float64
 references (rounded to float32) are made here and handed over in a file. The two sides take turns
-job by job (`seed_results`), so each pair of rows is timed under the same host conditions. Columns: wall clock
+job by job (`seed_results`), so each pair of rows is timed under the same host conditions, and within
+a job the wall clock in WALL_ROUNDS rounds (`alternate_wall`). Columns: wall clock
 (per call in a loop of calls, median), GPU clock (kernel durations from a profiler trace), peak memory for the mixers;
 ratios are seed / ours. Goal: at least 2x the seed by GPU clock and never slower by wall clock
 (mixers: and peak memory no higher). Without .peers/mingru-scans the seed's columns say "not measured".
@@ -38,6 +39,10 @@ TOLERANCE = {  # against float64 on the same (rounded) inputs, normwise: rtol ti
                             "bfloat16 outputs carry 8 significant bits; normwise"),
 }
 GOAL = "seed / ours >= 2 by GPU clock and >= 1 by wall clock (mixers: peak memory <= the seed's)"
+# The wall clock of a job is timed in this many rounds, the two sides taking turns (the seed, ours,
+# the seed, ...), each round a part of the usual span; *_us is each side's median round. At the
+# seed's shapes the wall clock is host-bound, and a host's speed drifts within seconds.
+WALL_ROUNDS = 3
 RUNNER_TIMEOUT_S = 600
 
 
@@ -137,7 +142,10 @@ def seed_results(jobs, device, timeout=RUNNER_TIMEOUT_S):
                                else "not measured: the seed's runner failed ({})".format(_last_line(err)))
                         yield from [{"status": why}] * (len(jobs) - i)
                         return
-                    yield json.loads(got)
+                    ask = yield json.loads(got)
+                    while ask == "wall":  # send("wall"): one more wall-clock round of this job (µs or None)
+                        us = _reply(proc, "WALL ", ask=True, line="wall")
+                        ask = yield None if us is None else json.loads(us)
             finally:
                 timer.cancel()
                 if proc.poll() is None:
@@ -149,12 +157,12 @@ def seed_results(jobs, device, timeout=RUNNER_TIMEOUT_S):
                         proc.wait()
 
 
-def _reply(proc, tag, ask=False):
+def _reply(proc, tag, ask=False, line="next"):
     """The runner's next line starting with `tag`, without the tag (other lines are the seed's own
-    prints); None once the runner has exited or been killed."""
+    prints), after sending it `line` if `ask`; None once the runner has exited or been killed."""
     try:
         if ask:
-            proc.stdin.write("next\n")
+            proc.stdin.write(line + "\n")
             proc.stdin.flush()
         for line in proc.stdout:
             if line.startswith(tag):
@@ -186,6 +194,7 @@ def compare(row, mine, theirs, memory=False):
         row[f"{side}_us"], row[f"{side}_gpu_us"] = got.get("us"), got.get("gpu_us")
         row[f"{side}_err"], row[f"{side}_status"] = got.get("err"), got["status"]
         row[f"{side}_job_s"] = got.get("job_s")  # seconds the job took in all (where a run's time goes)
+        row[f"{side}_wall_rounds"] = got.get("wall_rounds")  # each round's wall clock, when taken in rounds
         if memory:
             row[f"{side}_peak_mb"] = got.get("peak_mb")
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731
@@ -204,15 +213,15 @@ def _todo(quick, keep):
     return [c for c in op_cases(quick) if keep(c[0])], [c for c in mixer_cases(quick) if keep(c[0])]
 
 
-def _jobs(todo, mixers, device, reps):
+def _jobs(todo, mixers, device, reps, rounds=1):
     # mixers first: a sweep cut short by its time budget leaves out op rows, which repeat across dtypes
-    jobs = [module_job(m, B, T, d, reps=reps, memory=True) for m, B, T, d in mixers]
+    jobs = [{**module_job(m, B, T, d, reps=reps, memory=True), "wall_rounds": rounds} for m, B, T, d in mixers]
     refs = {}
     for op, dims, _, dtype, direction in todo:
         key = (op, cases.label(dims), dtype)
         if key not in refs:
             refs[key] = op_reference(op, dims, dtype, device)
-        jobs.append(op_job(op, dims, dtype, direction, device, reps, refs[key]))
+        jobs.append({**op_job(op, dims, dtype, direction, device, reps, refs[key]), "wall_rounds": rounds})
     return jobs
 
 
@@ -249,7 +258,8 @@ def measure(device, quick, env, keep=lambda name: True):
     reps = 1 if quick else 3
     todo, mixers = _todo(quick, keep)
     warm.warm_plans(compile_plan(device, quick, env, keep), warm.default_workers(device))
-    jobs = _jobs(todo, mixers, device, reps)
+    rounds = 1 if quick else WALL_ROUNDS
+    jobs = _jobs(todo, mixers, device, reps, rounds)
     budget = progress.BUDGETS.get(NAME)
     rows = []
     labelled = [(m, f"B{B}-T{T}-d{d}", "mixer", "float32", "fwd+bwd") for m, B, T, d in mixers]
@@ -259,8 +269,25 @@ def measure(device, quick, env, keep=lambda name: True):
                                                               lambda w: " ".join(w[0][:2])):
             row = {"op": op, "shape": shape, "dims": dims, "dtype": dtype, "direction": direction}
             seed_got = next(theirs)  # the seed measures this job, then waits while ours is measured
-            rows.append(compare(row, ours(job, device), seed_got, memory=job["kind"] == "module"))
+            mine = ours(job, device)
+            alternate_wall(theirs, seed_got, mine, rounds)
+            rows.append(compare(row, mine, seed_got, memory=job["kind"] == "module"))
     return rows
+
+
+def alternate_wall(theirs, seed_got, mine, rounds):
+    """The later wall-clock rounds of one job, the seed's then ours each time; each side's `us`
+    becomes its median round and `wall_rounds` lists them. A side without a first time takes none."""
+    walls = {id(seed_got): [seed_got.get("us")], id(mine): [mine.get("us")]}
+    for _ in range(rounds - 1):
+        if seed_got.get("us") is not None:
+            walls[id(seed_got)].append(theirs.send("wall"))
+        if mine.get("us") is not None:
+            walls[id(mine)].append(timing.again())
+    for got in (seed_got, mine):
+        times = sorted(t for t in walls[id(got)] if t is not None)
+        if got.get("us") is not None and times:
+            got["wall_rounds"], got["us"] = walls[id(got)], times[len(times) // 2]
 
 
 VERSION = {"seed": None}
@@ -278,8 +305,10 @@ def summarize(rows, env):
         "notes": ["ours: MINGRU_SCAN=auto in this process; seed: mingru-scans "
                   f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path; the two "
                   "processes take turns job by job (the seed's job, then ours), so a pair is timed under the same "
-                  "host conditions",
-                  "*_us: wall clock per call in a loop of calls (median, host included); *_gpu_us: kernel "
+                  f"host conditions, and within a job the wall clock in {WALL_ROUNDS} rounds (the seed's, ours, the "
+                  "seed's, ...)",
+                  "*_us: wall clock per call in a loop of calls (median of the rounds, each the median of its "
+                  "batches, host included); *_gpu_us: kernel "
                   "durations from a torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
                   "every side checked against float64 before timing (ops: the eager scan in float64 on the "
                   "same inputs; mixers: the same module in float64, eager); a mismatch is a status, not a time",

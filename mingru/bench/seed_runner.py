@@ -10,8 +10,9 @@ checked before it is timed.
 
 Lockstep protocol, so that the two sides are timed in alternation under the same host conditions:
 the runner prints `VERSION <version>`, then for each job waits for a line on stdin (end of input
-stops it), runs the job and prints `RESULT <json>`. The main process measures its own side of a
-job while the runner waits for the next line.
+stops it), runs the job and prints `RESULT <json>`; a line `wall` instead times the last job's
+step once more (`timing.again`, one more wall-clock round) and prints `WALL <µs or null>`. The
+main process measures its own side of a job, and of each round, while the runner waits.
 """
 import copy
 import importlib.util
@@ -51,7 +52,7 @@ def run_op(seed, timing, job, device):
             with timing.torch.no_grad():
                 fn(*inputs)
         return timing.check_then_time(compute, (want_out, ()), job["tol"], step, device, (),
-                                      job["reps"], job["gpu_time"])
+                                      job["reps"], job["gpu_time"], rounds=job.get("wall_rounds", 1))
     leaves = tuple(x.detach().requires_grad_() for x in inputs)
     cot = _to(job["cot"], device)
 
@@ -60,7 +61,7 @@ def run_op(seed, timing, job, device):
         return tuple(o.detach() for o in outs), timing.torch.autograd.grad(outs, leaves, cot)
     step = lambda: timing.torch.autograd.backward(_outputs(fn(*leaves)), cot)  # noqa: E731
     return timing.check_then_time(compute, (want_out, _to(job["want_grads"], device)), job["tol"],
-                                  step, device, leaves, job["reps"], job["gpu_time"])
+                                  step, device, leaves, job["reps"], job["gpu_time"], rounds=job.get("wall_rounds", 1))
 
 
 def run_module(seed, timing, job, device, build=None, wrap=None):
@@ -93,7 +94,7 @@ def run_module(seed, timing, job, device, build=None, wrap=None):
     step = lambda: torch.autograd.backward(_outputs(module(leaf)), cot)  # noqa: E731
     with timing.scan_impl(job.get("mode", "auto")):
         got = timing.check_then_time(compute, want, job["tol"], step, device, (leaf, *params),
-                                     job["reps"], job["gpu_time"])
+                                     job["reps"], job["gpu_time"], rounds=job.get("wall_rounds", 1))
         if got["status"] == "ok" and job.get("memory"):
             got["peak_mb"] = timing.peak_mb(step, device)
     return got
@@ -110,8 +111,17 @@ def main(seed_dir, jobs_path):
     spec = timing.torch.load(jobs_path, weights_only=False)
     device = spec["device"]
     print("VERSION", _version(seed_dir), flush=True)
-    for job in spec["jobs"]:
-        if not sys.stdin.readline():
+    jobs = iter(spec["jobs"])
+    for line in iter(sys.stdin.readline, ""):
+        if line.strip() == "wall":  # one more wall-clock round of the last job
+            try:
+                us = timing.again()
+            except Exception:  # noqa: BLE001  (a round that fails has no time)
+                us = None
+            print("WALL", json.dumps(us if us is not None and math.isfinite(us) else None), flush=True)
+            continue
+        job = next(jobs, None)
+        if job is None:
             return
         start = timing.time.monotonic()
         try:

@@ -33,7 +33,7 @@ def scan_impl(mode):
 WALL_WARMUP_S, WALL_S, BATCH_S = 0.025, 0.05, 0.005  # median_us on a GPU: warm-up, timed span, one batch
 
 
-def median_us(fn, device, grad_to_none=(), reps=3):
+def median_us(fn, device, grad_to_none=(), reps=3, warmup=WALL_WARMUP_S, span=WALL_S):
     """Wall-clock time of one `fn()` in microseconds, host included: what a loop of calls pays.
 
     GPU: the calls run back to back, as a training loop runs them (the host prepares the next call
@@ -43,11 +43,12 @@ def median_us(fn, device, grad_to_none=(), reps=3):
     median batch's time per call is returned. Inputs stay warm in L2, as in kernel_us. (flushed_us
     times each call alone behind an L2 flush; the host prepares a call while the flush runs, so it
     hides up to the flush's GPU time of host work: it is no wall clock for calls that the host
-    bounds.) grad_to_none: tensors whose .grad is cleared before each call.
+    bounds.) grad_to_none: tensors whose .grad is cleared before each call. warmup, span: the
+    warm-up and the timed span in seconds (one round of an alternating comparison takes a part).
     CPU: the median wall clock of `reps` calls (the caller has already run it once).
     """
     if torch.device(device).type == "cuda":
-        return _loop_us(fn, grad_to_none, torch.cuda.synchronize)
+        return _loop_us(fn, grad_to_none, torch.cuda.synchronize, warmup, span)
     times = []
     for _ in range(reps):
         for x in grad_to_none:
@@ -58,7 +59,7 @@ def median_us(fn, device, grad_to_none=(), reps=3):
     return sorted(times)[len(times) // 2] * 1e6
 
 
-def _loop_us(fn, grad_to_none, synchronize):
+def _loop_us(fn, grad_to_none, synchronize, warmup=WALL_WARMUP_S, span=WALL_S):
     """median_us's GPU protocol, with `synchronize` waiting for the device."""
     def batch(n):
         synchronize()
@@ -71,9 +72,9 @@ def _loop_us(fn, grad_to_none, synchronize):
         return (time.perf_counter() - start) / n
 
     one = max(batch(1), 1e-7)
-    batch(max(1, int(WALL_WARMUP_S / one)))
+    batch(max(1, int(warmup / one)))
     n = max(1, int(BATCH_S / one))
-    times = sorted(batch(n) for _ in range(max(3, int(WALL_S / (n * one)))))
+    times = sorted(batch(n) for _ in range(max(3, int(span / (n * one)))))
     return times[len(times) // 2] * 1e6
 
 
@@ -207,13 +208,20 @@ def failure(err):
     return f"failed: {type(err).__name__}: {text[:160]}"
 
 
-def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_time=True, against="float64"):
+_last = []  # (step, device, leaves, reps, rounds) of the call check_then_time timed last, for `again`
+
+
+def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_time=True, against="float64",
+                    rounds=1):
     """Run `compute()` -> (outputs, grads), compare with `want` under `tol`, then time `step()`.
 
     Returns {'us': wall µs (median), 'gpu_us': GPU µs (profiler trace; None on a CPU or when not
     asked), 'err': max abs error, 'status'}. A wrong answer or an exception is a status, never a time.
     reps=0 checks without timing (what a compile pool runs ahead: every kernel launched once).
+    rounds: the wall clock is the first of that many rounds, each 1/rounds of the timed span;
+    `again` measures each later one.
     """
+    _last.clear()  # the previous call's tensors go now
     try:
         ok, err = agrees(compute(), want, tol)
         if not ok:
@@ -221,8 +229,20 @@ def check_then_time(compute, want, tol, step, device, leaves=(), reps=3, gpu_tim
         if reps == 0:
             return {"us": None, "gpu_us": None, "err": err, "status": "ok"}
         gpu = kernel_us(step, device, leaves) if gpu_time else None
-        return {"us": median_us(step, device, leaves, reps), "gpu_us": gpu, "err": err, "status": "ok"}
+        _last.extend((step, device, leaves, reps, rounds))
+        return {"us": median_us(step, device, leaves, reps, span=WALL_S / rounds), "gpu_us": gpu, "err": err,
+                "status": "ok"}
     except Exception as exc:  # noqa: BLE001  (compile errors, declined kernels, OOM: each becomes a row)
+        _last.clear()
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
         return {"us": None, "gpu_us": None, "err": None, "status": failure(exc)}
+
+
+def again():
+    """One more round of the wall clock of the step check_then_time timed last (µs; None when it
+    timed none): its part of the timed span after a part of the warm-up (the step ran before)."""
+    if not _last:
+        return None
+    step, device, leaves, reps, rounds = _last
+    return median_us(step, device, leaves, reps, warmup=WALL_WARMUP_S / rounds, span=WALL_S / rounds)
