@@ -267,7 +267,8 @@ class _Carried(torch.autograd.Function):
     their gradients (the state terms run over the chunks from `first`, 1 for a zero start, else 0).
     Forward: per chunk one solve and two batched multiply-adds; Y for every chunk at once after the
     chain. Where dispatch runs kernels, one launch inverts every chunk's T first (`_inverses`), each
-    solve is then a batched matmul, and the inverses are kept in place of tri for the backward. Backward, the adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1},
+    solve is then a batched matmul, and the inverses are kept in place of tri for the backward.
+    Backward, the adjoint chain from the last chunk: du_n = read_n^T dY_n + Kc_n^T dh_{n+1},
     dr_n = T_n^{-T} du_n, dh_n = decay_n dh_{n+1} + Qh_n^T dY_n - Kh_n^T dr_n; then every other
     gradient for all chunks at once (dV = dr, dKh = -dr h^T, dtri = -(dr u^T) strictly lower,
     dread = dY u^T masked, ...). Autograd records no step: the backward keeps the inputs, the chunk
@@ -279,16 +280,16 @@ class _Carried(torch.autograd.Function):
         first = int(h is None)
         read = _causal(read, causal)
         inv = _inverses(tri)
-        solve = (lambda n, rhs: torch.bmm(inv[n], rhs)) if inv is not None else \
-            (lambda n, rhs: scans.unit_lower_solve(tri[n], rhs))
+        system = tri if inv is None else inv  # what the solves read: T's lower part, or T^{-1}
+        inverted = inv is not None
         starts, U = [], []
         for n in range(tri.shape[0]):
             if h is None:
-                U.append(solve(n, V[n]))
+                U.append(_solve(system[n], inverted, V[n]))
                 h = torch.bmm(Kc[n], U[n])
                 continue
             starts.append(h)
-            U.append(solve(n, torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
+            U.append(_solve(system[n], inverted, torch.baddbmm(V[n], Kh[n], h, alpha=-1)))
             h = torch.baddbmm(h if decay is None else decay[n, :, None, None] * h, Kc[n], U[n])
         U = _stack(U)
         Y = torch.matmul(read, U)
@@ -297,26 +298,23 @@ class _Carried(torch.autograd.Function):
             Y[first:].flatten(0, 1).baddbmm_(Qh[first:].flatten(0, 1), starts.flatten(0, 1))
         else:
             starts = U.new_zeros(0, *h.shape)
-        ctx.first, ctx.causal, ctx.inverted = first, causal, inv is not None
-        ctx.save_for_backward(tri if inv is None else inv, read, Kh, Qh, Kc, decay, starts, U)
+        ctx.first, ctx.causal, ctx.inverted = first, causal, inverted
+        ctx.save_for_backward(system, read, Kh, Qh, Kc, decay, starts, U)
         return Y, h
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dY, dh):
-        tri, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors  # tri: its inverses if ctx.inverted
+        system, read, Kh, Qh, Kc, decay, starts, U = ctx.saved_tensors
         first = ctx.first
         dh = Kc.new_zeros(Kc.shape[1], Kc.shape[2], U.shape[-1]) if dh is None else dh
         read_dY = torch.matmul(read.mT, dY)              # (N, G, M, d_v)
         Qh_dY = torch.matmul(Qh[first:].mT, dY[first:])  # (N - first, G, d_k, d_v)
         dR, ends = [], []                                # dr_n, dh_{n+1}, from the last chunk
-        for n in range(tri.shape[0] - 1, -1, -1):
+        for n in range(system.shape[0] - 1, -1, -1):
             ends.append(dh)
-            # T^{-T} du: an upper solve with tri^T reads the entries of tri the forward's solve read
-            # (a lower solve from the right, the same thing, ran several times slower on a CPU)
-            du = torch.baddbmm(read_dY[n], Kc[n].mT, dh)
-            dR.append(torch.bmm(tri[n].mT, du) if ctx.inverted else
-                      torch.linalg.solve_triangular(tri[n].mT, du, upper=True, unitriangular=True))
+            du = torch.baddbmm(read_dY[n], Kc[n].mT, dh)  # then dr = T^{-T} du
+            dR.append(_solve(system[n], ctx.inverted, du, transpose=True))
             if n < first:
                 break  # a zero start state takes no gradient
             q_dy = Qh_dY[n - first]
@@ -334,6 +332,18 @@ class _Carried(torch.autograd.Function):
             if decay is not None:
                 ddecay = _from_chunk(first, (ends[first:] * starts).sum((-2, -1)), decay)
         return dtri, dread, dKh, dQh, dKc, dR, ddecay, None if first else dh, None
+
+
+def _solve(system, inverted, rhs, transpose=False):
+    """T^{-1} rhs (T^{-T} rhs with `transpose`) for each chunk's T = I + strict_lower(tri): a matmul
+    when `system` holds T^{-1} (`inverted`), else a triangular solve that reads tri's strictly lower
+    part (the transposed one as an upper solve with tri^T: a lower solve from the right, the same
+    thing, ran several times slower on a CPU)."""
+    if inverted:
+        return torch.bmm(system.mT if transpose else system, rhs)
+    if transpose:
+        return torch.linalg.solve_triangular(system.mT, rhs, upper=True, unitriangular=True)
+    return scans.unit_lower_solve(system, rhs)
 
 
 def _inverses(tri):

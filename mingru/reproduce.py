@@ -330,8 +330,9 @@ def compile_ahead(harnesses, keys, env):
 def write_record(results_dir, record, total, cache, env, keys, smoke, complete=True):
     """results/reproduce.json: this run's steps, their wall times and budgets, commit, GPU, cache state,
     complete (the run reached its end with every step ok and no case left out by a time budget: the
-    files in results/ are then this run's, all of them), and the worker seconds of the compile pools per harness function (each one's longest call, and
-    its calls that raised in the pool: their cases compiled in the sweep instead)."""
+    files in results/ are then this run's, all of them), and the worker seconds of the compile
+    pools per harness function (each one's longest call, and its calls that raised in the pool:
+    their cases compiled in the sweep instead)."""
     from mingru.bench import env as environment
     from mingru.bench import warm
     # the state at the run's start: by its end the run has rewritten results/, which git tracks

@@ -278,16 +278,16 @@ def measure(device, quick, env, keep=lambda name: True):
 def alternate_wall(theirs, seed_got, mine, rounds):
     """The later wall-clock rounds of one job, the seed's then ours each time; each side's `us`
     becomes its median round and `wall_rounds` lists them. A side without a first time takes none."""
-    walls = {id(seed_got): [seed_got.get("us")], id(mine): [mine.get("us")]}
+    theirs_walls, my_walls = [seed_got.get("us")], [mine.get("us")]
     for _ in range(rounds - 1):
-        if seed_got.get("us") is not None:
-            walls[id(seed_got)].append(theirs.send("wall"))
-        if mine.get("us") is not None:
-            walls[id(mine)].append(timing.again())
-    for got in (seed_got, mine):
-        times = sorted(t for t in walls[id(got)] if t is not None)
-        if got.get("us") is not None and times:
-            got["wall_rounds"], got["us"] = walls[id(got)], times[len(times) // 2]
+        if theirs_walls[0] is not None:
+            theirs_walls.append(theirs.send("wall"))
+        if my_walls[0] is not None:
+            my_walls.append(timing.again())
+    for got, walls in ((seed_got, theirs_walls), (mine, my_walls)):
+        if walls[0] is not None:
+            times = sorted(t for t in walls if t is not None)
+            got["wall_rounds"], got["us"] = walls, times[len(times) // 2]
 
 
 VERSION = {"seed": None}
