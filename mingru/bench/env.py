@@ -40,7 +40,8 @@ def git_state():
 
 def gpu_record():
     if not torch.cuda.is_available():
-        return {"gpu": None, "gpu_capability": None, "gpu_memory_gb": None, "driver": None, "l2_mb": None}
+        return {"gpu": None, "gpu_capability": None, "gpu_sms": None, "gpu_memory_gb": None, "driver": None,
+                "l2_mb": None}
     props = torch.cuda.get_device_properties(0)
     # nvidia-smi knows the driver version; torch only knows the CUDA driver API version.
     driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
@@ -51,7 +52,8 @@ def gpu_record():
         except (AttributeError, RuntimeError):
             driver = "unknown"
     return {"gpu": props.name, "gpu_capability": f"sm_{props.major}{props.minor}",
-            "gpu_memory_gb": round(props.total_memory / 2**30, 1), "driver": driver.splitlines()[0],
+            "gpu_sms": props.multi_processor_count, "gpu_memory_gb": round(props.total_memory / 2**30, 1),
+            "driver": driver.splitlines()[0],
             "l2_mb": round(getattr(props, "L2_cache_size", 0) / 2**20, 1) or None}
 
 

@@ -529,7 +529,7 @@ def plan_maps(plan, cards, rows, cols, row_label, col_label, what):
         ax.set_yticks(range(len(rows)), rows)
         ax.set(title=f"{card} ({sms} SMs)", xlabel=col_label, ylabel=row_label if i == 0 else None)
     fig.colorbar(image, ax=fig.axes, label=f"{what} (log colour)")
-    fig.suptitle(f"The planner's {what}: the same rule on two GPUs")
+    fig.suptitle(f"The planner's {what}: the same rule on each GPU")
     return fig, grids
 
 
