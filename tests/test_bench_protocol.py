@@ -138,6 +138,7 @@ def test_provenance_counts_the_commits_between(tmp_path):
     assert results.commits_between(parent, head=child) == 1
     assert "1 commit(s) after" in results.provenance({"git_commit": parent, "gpu": "G", "date": "d"}, head=child)
     assert "not in this clone" in results.provenance({"git_commit": "f" * 40, "gpu": "G", "date": "d"})
+    assert results.provenance({"gpu": "G", "cpu": "C", "date": "d"}, cpu=True).startswith("measured on the CPU (C) of the G machine")
     (tmp_path / "x.json").write_text(json.dumps({"env": {"git_commit": head, "gpu": "G", "date": "d"}, "rows": []}))
     assert results.load("x", tmp_path, quiet=True)["rows"] == []
     assert results.load("absent", tmp_path) is None

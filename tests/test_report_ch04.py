@@ -65,3 +65,17 @@ def test_peers_summary_counts_both_clocks_and_layouts():
 def test_listing_caps_long_lists():
     assert report.listing([]) == "none"
     assert report.listing(["a", "b", "c"], limit=2) == "a; b; and 1 more (see the table)"
+
+
+def test_ratios_near_a_threshold_keep_a_third_decimal():
+    assert [report.times(x) for x in (0.999, 1.0, 1.5, 1.996, 2.004, 16.5)] == \
+        ["0.999", "1.00", "1.50", "1.996", "2.004", "16.50"]
+
+
+def test_peers_losses_list_the_largest_first():
+    rows = [{"competitor": "accelerated_scan", "B": 1, "T": T, "D": 4, "direction": "fwd", "us": 20.0,
+             "gpu_us": 1.0, "ours_x": 2.0, "ours_gpu_x": x, "meets_goal": False}
+            for T, x in ((8, 0.8), (16, 0.25), (32, 0.5))]
+    per = report.peers_summary({"rows": rows, "env": _env()})
+    assert per["accelerated_scan"]["losses"] == ["B1-T16-D4 fwd (4.00x as fast)", "B1-T32-D4 fwd (2.00x as fast)",
+                                                 "B1-T8-D4 fwd (1.25x as fast)"]

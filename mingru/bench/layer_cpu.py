@@ -48,6 +48,7 @@ def summarize(rows, env):
     return {
         "goal": GOAL,
         "threads": torch.get_num_threads(),
+        "device": "cpu",  # a CPU harness on whatever machine runs it: the provenance names its CPU
         "columns": ["mixer", "B", "T", "d", "ours_ms", "seed_ms", "seed_x", "meets_goal", "ours_status",
                     "seed_status"],
         "notes": [f"CPU fwd+bwd of one layer, float32, default constructors, median of a few steps, "

@@ -14,6 +14,13 @@ TITLES = {
 }
 
 
+def times(x):
+    """A ratio as text, two decimals, three where two would round it onto a goal's threshold (0.999 is
+    not shown as 1.00, nor 1.996 as 2.00)."""
+    text = f"{x:.2f}"
+    return f"{x:.3f}" if float(text) in (1.0, 2.0) and x != float(text) else text
+
+
 def _clean(x):
     """JSON has no NaN or inf: write them as strings so the file stays standard."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -151,9 +158,9 @@ def speed_summary(data):
     shapes = dict.fromkeys(r.get("shape") for r in gpu)
     return {
         "rows": len(data["rows"]), "shown": len(rows), "timed": len(timed),
-        "slower_than_eager": [f"{name(r)} ({r['triton_x']:.2f}x)" for r in timed if r["triton_x"] < 1],
+        "slower_than_eager": [f"{name(r)} ({times(r['triton_x'])}x)" for r in timed if r["triton_x"] < 1],
         "compiled": len(compiled),
-        "slower_than_compile": [f"{name(r)} ({r['triton_vs_compile']:.2f}x)" for r in compiled
+        "slower_than_compile": [f"{name(r)} ({times(r['triton_vs_compile'])}x)" for r in compiled
                                 if r["triton_vs_compile"] < 1],
         "not_ok": [f"{name(r)}: {r.get('status')}" for r in rows if r.get("status") != "ok"],
         "gpu_timed": len(gpu),
@@ -176,9 +183,9 @@ def _seed_reason(r):
         return listing(bad, "no GPU clock in this run")
     why = []
     if r["x_gpu"] < 2:
-        why.append(f"GPU {r['x_gpu']:.2f}x < 2")
+        why.append(f"GPU {times(r['x_gpu'])}x < 2")
     if r["x_wall"] < 1:
-        why.append(f"wall {r['x_wall']:.2f}x < 1")
+        why.append(f"wall {times(r['x_wall'])}x < 1")
     if _num(r.get("ours_peak_mb")) and _num(r.get("seed_peak_mb")) and r["ours_peak_mb"] > r["seed_peak_mb"]:
         why.append(f"memory {r['ours_peak_mb']:.1f} > {r['seed_peak_mb']:.1f} MiB")
     return listing(why, "")
@@ -206,8 +213,8 @@ def seed_summary(data, mixers=False):
             "short": [f"{name(r)} ({r['short_of']})" for r in short],
             "short_by": {part: sum(part in r["short_of"] for r in short) for part in ("GPU", "wall", "memory")},
             "x_gpu_range": (min(gpu), max(gpu)) if gpu else None,
-            "slower_gpu": [f"{name(r)} ({r['x_gpu']:.2f}x)" for r in rows if _num(r.get("x_gpu")) and r["x_gpu"] < 1],
-            "slower_wall": [f"{name(r)} ({r['x_wall']:.2f}x)" for r in rows
+            "slower_gpu": [f"{name(r)} ({times(r['x_gpu'])}x)" for r in rows if _num(r.get("x_gpu")) and r["x_gpu"] < 1],
+            "slower_wall": [f"{name(r)} ({times(r['x_wall'])}x)" for r in rows
                             if _num(r.get("x_wall")) and r["x_wall"] < 1]}
 
 
@@ -257,7 +264,7 @@ def layer_summary(data, ours="ours MinGRU (auto)"):
         fastest[s] = f"{best['competitor']} ({fmt(best[key])} µs)"
         mine = next((r for r in rows if r["competitor"] == ours), None)
         if mine:
-            beaten += [f"{s}: {r['competitor']} {mine[key] / r[key]:.2f}x faster" for r in rows
+            beaten += [f"{s}: {r['competitor']} {times(mine[key] / r[key])}x faster" for r in rows
                        if r["competitor"] != ours and r[key] < mine[key]]
     goal = layer_goal_rows(data, ours)
     met, judged, unjudged = goal_tally(goal)
@@ -271,8 +278,8 @@ def layer_cpu_summary(data):
     met, judged, unjudged = goal_tally(rows)
     name = lambda r: f"{r['mixer']} {_shape(r)}"  # noqa: E731
     return {"met": met, "judged": judged, "not_judged": unjudged,
-            "short": [f"{name(r)} ({r['seed_x']:.2f}x)" for r in rows if r.get("meets_goal") is False],
-            "ahead": [f"{name(r)} ({r['seed_x']:.2f}x)" for r in rows if r.get("meets_goal")]}
+            "short": [f"{name(r)} ({times(r['seed_x'])}x)" for r in rows if r.get("meets_goal") is False],
+            "ahead": [f"{name(r)} ({times(r['seed_x'])}x)" for r in rows if r.get("meets_goal")]}
 
 
 BANDWIDTH_COLUMNS = ["op", "B", "T", "D", "direction", "us", "gpu_us", "pct_copy", "gpu_pct_copy", "goal_pct",
@@ -326,9 +333,12 @@ def peers_summary(data):
                 p[f"{clock}_judged"] += 1
                 p[f"{clock}_ours"] += r[key] > 1
                 if r[key] <= 1:
-                    p["losses" if clock == "gpu" else "wall_losses"].append(f"{label} ({1 / r[key]:.2f}x as fast)")
+                    p["losses" if clock == "gpu" else "wall_losses"].append((1 / r[key], label))
         if not _num(r.get("us")):
             p["missing"].add(str(r.get("status")))
+    for p in out.values():  # the largest loss first
+        for part in ("losses", "wall_losses"):
+            p[part] = [f"{label} ({times(x)}x as fast)" for x, label in sorted(p[part], key=lambda e: -e[0])]
     return out
 
 

@@ -35,10 +35,14 @@ def commits_between(recorded, head=None):
     return int(count) if count is not None and count.isdigit() else None
 
 
-def provenance(env, head=None):
-    """One or two lines: where the numbers were measured, and how far their commit is from HEAD."""
+def provenance(env, head=None, cpu=False):
+    """One or two lines: where the numbers were measured, and how far their commit is from HEAD. cpu: the
+    harness timed the CPU (named with the machine's GPU, if it has one)."""
     commit = env.get("git_commit") or "unknown"
-    where = "a CPU smoke run (no GPU numbers)" if env.get("smoke") or not env.get("gpu") else env["gpu"]
+    if cpu:
+        where = f"the CPU ({env.get('cpu')})" + (f" of the {env['gpu']} machine" if env.get("gpu") else "")
+    else:
+        where = "a CPU smoke run (no GPU numbers)" if env.get("smoke") or not env.get("gpu") else env["gpu"]
     line = f"measured on {where} at commit {commit[:10]} ({env.get('date')})"
     between = commits_between(commit, head)
     if between is None:
@@ -56,5 +60,5 @@ def load(name, results_dir=RESULTS, quiet=False):
         return None
     data = read(name, results_dir)
     if not quiet:
-        print(f"{name}: {provenance(data['env'])}")
+        print(f"{name}: {provenance(data['env'], cpu=data.get('meta', {}).get('device') == 'cpu')}")
     return data
