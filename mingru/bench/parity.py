@@ -5,6 +5,7 @@ inputs and cotangents and gates the difference per op family; the float64 sequen
 (mingru.naive) shows how far each path is from the exact answer.
 """
 import itertools
+import math
 import time
 
 import torch
@@ -27,17 +28,20 @@ FLOAT32_GATES = {
                  "the gate of mingru-scans 0.2.0 for the angle-fused path: cos/sin and 2*rounds Givens layers are formed "
                  "in float32 inside the kernel"),
 }
+_BF16 = torch.finfo(torch.bfloat16)  # eps: the spacing at 1 (machine epsilon); eps / 2: the unit roundoff
 BFLOAT16_GATE = ((1e-2, 1e-2), (5e-2, 5e-2),
-                 "bfloat16 keeps 8 significant bits (spacing 2^-8 = 3.9e-3 relative); both paths "
-                 "accumulate in float32 and round once, so they may differ by about two units in the "
-                 "last place; gradients are gated normwise (rtol times the tensor's largest entry): "
-                 "they read bf16-rounded saved outputs and sum up to T*v rounded products, so their "
-                 "error follows the size of the terms, not of each entry")
-MIXER_GRAD = ((1e-3, 1e-3), "weight gradients sum B*T terms, so their error follows the size of the "
-              "largest entry: the gradient gate is normwise (rtol times the tensor's largest entry)")
-MIXER_OUT = ("outputs are gated normwise (rtol times the largest entry): they pass through the output "
-             "projection, and without decay a rotation state keeps every step's rounding, so the float32 "
-             "error grows with T and with the outputs' scale (eager_vs_f64 shows the reference's own share)")
+                 f"bfloat16 keeps {1 - round(math.log2(_BF16.eps))} significant bits (machine epsilon "
+                 f"2^{round(math.log2(_BF16.eps))} = {_BF16.eps:.1e}, unit roundoff "
+                 f"2^{round(math.log2(_BF16.eps / 2))} = {_BF16.eps / 2:.1e}); both paths "
+                 "accumulate in float32 and round once, so they may differ by about a unit in the last place; "
+                 "gradients are normwise (rtol times the tensor's largest entry): they read bf16-rounded saved "
+                 "outputs and sum up to T*v rounded products, so their error follows the size of the terms")
+MIXER_GRAD = ((1e-3, 1e-3), "weight gradients sum B*T terms, so they are gated normwise (rtol times the "
+              "tensor's largest entry)")
+MIXER_OUT = ("outputs are normwise too, with rtol at least atol: each state sums many projected terms, so its "
+             "rounding follows the outputs' scale (eager_vs_f64 shows the reference's own share)")
+ROTATION_STATE = "without decay a rotation state does not damp any step's rounding, so the error grows with T"
+ROTATION_MIXERS = ("RotationMinGRU", "GivensMinGRU[fused]", "GivensMinGRU[generic]")
 WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
 # DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and inverses, the wide
 # matrix_recurrence that chains them) are not scans of their own in the speed tables
@@ -55,6 +59,8 @@ def gate(name, dtype):
         if name in MIXERS:
             out = (out[0], max(out[1], out[0]))
             grad, why = MIXER_GRAD[0], f"{why}; {MIXER_GRAD[1]}; {MIXER_OUT}"
+            if name in ROTATION_MIXERS:
+                why = f"{why}; {ROTATION_STATE}"
     return {"out": out, "grad": grad, "out_normwise": name in MIXERS and dtype != torch.bfloat16,
             "grad_normwise": dtype == torch.bfloat16 or name in MIXERS, "why": why}
 
@@ -70,7 +76,8 @@ def grid(quick):
         yield "rotation_recurrence", dict(B=1, T=3, n=1, k=4, L=2, h0=True), f32
         yield "GivensMinGRU[fused]", dict(B=1, T=3, d=4, k=2, L=1), f32
         return
-    # T = 1 and T = 2 once per op and dtype (the trivial and the shortest scans); otherwise lengths
+    # T = 1 and T = 2 once per diagonal op, start state and dtype, T = 1 once per dtype for matrix_scan
+    # and matrix_affine_scan (the trivial and the shortest scans); otherwise lengths
     # that cross the tile, segment and power-of-two boundaries, at a single lane, a ragged width and
     # a wide one. Every (k, v) block pair of the matrix kernels appears; each row compiles at most
     # one new variant.
@@ -193,6 +200,7 @@ def summarize(rows, env):
     gates["all bfloat16"] = dict(zip(("out", "grad", "why"), BFLOAT16_GATE))
     gates["mixer gradients float32"] = {"grad": MIXER_GRAD[0], "why": MIXER_GRAD[1]}
     gates["mixer outputs float32"] = {"out": "family gate, normwise, rtol >= atol", "why": MIXER_OUT}
+    gates["rotation mixers float32"] = {"why": ROTATION_STATE}
     return {
         "summary": {"rows": len(rows), "passed": passed, "failed": failed,
                     "not_run": len(rows) - passed - failed},
