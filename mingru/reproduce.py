@@ -166,6 +166,15 @@ def draw_figures(harnesses, results_dir):
         return [path for paths in pool.map(plots.draw, names, [results_dir] * len(names)) for path in paths]
 
 
+def kernel_env():
+    """The environment of a chapter's kernel: the chapters run side by side (NOTEBOOK_WORKERS, beside the
+    figures), so each gets an equal share of the CPU cores for its torch threads (OMP_NUM_THREADS), unless
+    the caller set OMP_NUM_THREADS: a chapter that times CPU code then times its share, not a core
+    oversubscribed by the other kernels' threads."""
+    share = max(1, (os.cpu_count() or 1) // (NOTEBOOK_WORKERS + 1))
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(share))}
+
+
 def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
     """Execute one chapter with papermill in its own process (so chapters can run side by side).
 
@@ -193,7 +202,7 @@ def run_notebook(key, smoke, out, kernel, results_dir, timeout=None):
     for attempt in range(1, KERNEL_START_TRIES + 1):
         left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, cwd=ROOT)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, cwd=ROOT, env=kernel_env())
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"stopped at the run's deadline after {timeout:.0f} s; {target} keeps its earlier "
                                "outputs") from None

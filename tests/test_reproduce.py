@@ -195,3 +195,13 @@ def test_cases_left_out_by_a_budget_make_the_run_incomplete(tmp_path, monkeypatc
     assert "bench precision 2" in capsys.readouterr().out
     final = json.loads((tmp_path / "results" / "reproduce.json").read_text())
     assert final["complete"] is False and final["steps"][0]["left_out"] == 2
+
+
+def test_chapter_kernels_share_the_cores_unless_the_caller_chose(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 4 * (reproduce.NOTEBOOK_WORKERS + 1))
+    assert reproduce.kernel_env()["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
+    assert reproduce.kernel_env()["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert reproduce.kernel_env()["OMP_NUM_THREADS"] == "3"
