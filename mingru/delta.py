@@ -34,6 +34,8 @@ from mingru.validate import check_input, check_sizes, data_checkable
 LOG_GAMMA_FLOOR = -88.0
 # lambda * f(delta_t) above this (in float32) saturates: such gaps all erase the memory alike.
 SATURATION_WARN = 1e4
+# the forms of `delta_rule_chunked` (its `across`)
+ACROSS = (None, "carry", "loop", "scan", "fused")
 
 
 def _micro_steps(k, v, beta):
@@ -124,13 +126,17 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     part of the affine form's work) and where dispatch runs eager (a CPU, MINGRU_SCAN=eager), and
     the affine maps elsewhere; "carry" forces the carried form; "loop" (one batched matmul a chunk) or "scan"
     (scans.matrix_recurrence, whose Hillis–Steele over the chunk totals takes fewer launches than
-    the loop when there are many) force the affine maps with that eager chaining.
+    the loop when there are many) force the affine maps with that eager chaining. "fused" runs the
+    whole rule in two Triton kernels (`mingru.kernels.delta_rule`: the chain and every chunk's
+    algebra in one program per batch row and head, nothing of size M x M kept for the backward)
+    through the dispatch seam; where dispatch runs eager, or the kernels decline (d_k or d_v above
+    their tile), it is the default form.
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
     if not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if across not in (None, "carry", "loop", "scan"):
-        raise ValueError(f"across must be None, 'carry', 'loop' or 'scan', got {across!r}")
+    if across not in ACROSS:
+        raise ValueError(f"across must be one of {', '.join(map(repr, ACROSS))}, got {across!r}")
     with torch.autocast(q.device.type, enabled=False):  # the algebra below runs in float32 or float64
         return _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across)
 
@@ -147,6 +153,9 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     if T == 0:
         h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
         return q.new_zeros(B, 0, H, d_v).to(out_dtype), h.to(out_dtype)
+    if across == "fused":
+        y, h = dispatch("delta_rule", _unfused, q, k, v, beta, log_gamma, h_0, chunk_size, local=True)
+        return y.to(out_dtype), h.to(out_dtype)
     C = min(chunk_size, T)
     N = -(-T // C)
     M = C * nh
@@ -187,6 +196,11 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     Y = torch.baddbmm(Y0.reshape(G, C, d_v), Qt.reshape(G, C, d_k), Hs.view(G, d_k, d_v)).view(N, B, H, C, d_v)
     del Y0, RW  # the views of read @ [U0 | W]: its memory goes before the output's copy
     return _from_chunks(Y, T).to(out_dtype), after[:, -1].to(out_dtype)
+
+
+def _unfused(q, k, v, beta, log_gamma, h_0, chunk_size):
+    """The fused form's eager stand-in: the default form on the same (float32 or float64) inputs."""
+    return _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, None)
 
 
 def _from_chunks(Y, T):
@@ -380,21 +394,25 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
     (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
     and their chaining run Triton kernels when there are two chunks or more (`delta_rule_chunked`);
-    the rest is torch code.
+    the rest is torch code. `fused=True` (our one extra keyword) runs the fused form instead: the
+    whole rule in two Triton kernels that keep nothing of size chunk x chunk for the backward
+    (`delta_rule_chunked(..., across="fused")`; the default form where dispatch runs eager).
     """
 
     carries_matrix_state = True
 
     def __init__(self, input_size, hidden_size, bias=True, n_heads=4, nh=1, d_k=None, d_v=None,
-                 chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False):
+                 chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False, fused=False):
         super().__init__()
         check_sizes("DeltaMinGRU", input_size=input_size, hidden_size=hidden_size, n_heads=n_heads, nh=nh,
                     chunk_size=chunk_size, d_k=1 if d_k is None else d_k, d_v=1 if d_v is None else d_v)
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be a bool, got {fused!r}")
         if d_k is None and hidden_size % n_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by n_heads ({n_heads}) "
                              "when d_k is not given (d_k defaults to hidden_size // n_heads)")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.n_heads, self.nh, self.chunk_size = n_heads, nh, chunk_size
+        self.n_heads, self.nh, self.chunk_size, self.fused = n_heads, nh, chunk_size, fused
         self.d_k = hidden_size // n_heads if d_k is None else d_k
         self.d_v = self.d_k if d_v is None else d_v
         # Created in mingru-scans' order, so one torch.manual_seed gives both the same weights.
@@ -455,7 +473,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         dt = self._prepare_decay(delta_t, (B, T))
         h = None if h_0 is None else self._state(h_0, (B, 1, self.state_size), "h_0", x)  # None: zeros
         log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
-        y, h = delta_rule_chunked(*self._heads(x), log_gamma, h, self.chunk_size)
+        y, h = delta_rule_chunked(*self._heads(x), log_gamma, h, self.chunk_size, "fused" if self.fused else None)
         y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))
         return (y, h.reshape(B, 1, self.state_size)) if return_state else y
 
@@ -474,4 +492,4 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     def extra_repr(self):
         return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, n_heads={self.n_heads}, "
                 f"nh={self.nh}, d_k={self.d_k}, d_v={self.d_v}, chunk_size={self.chunk_size}, "
-                f"decay={self.decay!r}")
+                f"decay={self.decay!r}, fused={self.fused}")

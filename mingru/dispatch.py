@@ -32,6 +32,7 @@ TRITON_IMPLS = {
     "rotation_recurrence": "mingru.kernels.rotation:rotation_recurrence",
     "unit_lower_solve": "mingru.kernels.triangular:unit_lower_solve",
     "unit_lower_inverse": "mingru.kernels.triangular:unit_lower_inverse",
+    "delta_rule": "mingru.kernels.delta_rule:delta_rule",
 }
 
 
@@ -83,7 +84,7 @@ def _import_traced(module):
     import statement while it traces (importlib and sys.modules it cannot), so a first compile
     needs no warm-up."""
     from mingru import kernels
-    from mingru.kernels import diagonal, matrix, rotation, triangular, wide  # noqa: F401
+    from mingru.kernels import delta_rule, diagonal, matrix, rotation, triangular, wide  # noqa: F401
     return getattr(kernels, module.removeprefix("mingru.kernels."))
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from gradutil import outputs_and_grads
 import seedrun
+from mingru import dispatch
 from mingru.delta import DeltaMinGRU, delta_rule_chunked, delta_rule_recurrent
 
 f64 = torch.float64
@@ -129,6 +130,86 @@ def test_compiles_without_graph_breaks():
         torch.testing.assert_close(a, b)
 
 
+# --- the fused kernels (mingru.kernels.delta_rule) through the interpreter ------------------------
+
+@pytest.mark.parametrize("B, T, H, d_k, d_v, nh, chunk_size, gated, start", [
+    (2, 13, 3, 5, 4, 1, 5, False, True),     # three chunks, the last one short; d_k, d_v below the tile
+    (2, 13, 3, 5, 4, 2, 4, True, False),     # DeltaProduct, decay, a zero start
+    (1, 40, 2, 16, 16, 1, 16, True, True),   # one block of micro-steps a chunk
+    (1, 41, 1, 16, 8, 3, 20, True, True),    # M = 60 micro-steps: four blocks, token blocks astride them
+    (1, 20, 2, 8, 8, 1, 64, False, False),   # one chunk (the seed's lab case at small size)
+], ids=["3-chunks", "nh2-gated-zero-start", "one-block", "nh3-four-blocks", "one-chunk"])
+def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated, start, triton_mode):
+    q, k, v, beta, h_0, *lg = _inputs(B, T, H, d_k, d_v, nh, gated)
+    if not start:
+        h_0 = None
+    g = torch.Generator().manual_seed(1)
+    cot = [torch.randn(B, T, H, d_v, generator=g, dtype=f64), torch.randn(B, H, d_k, d_v, generator=g, dtype=f64)]
+    leaves = [q, k, v, beta, *lg] + ([h_0] if start else [])
+
+    def run(fn, **options):
+        def call(q, k, v, beta, *rest):
+            return fn(q, k, v, beta, log_gamma=rest[0] if gated else None, h_0=rest[-1] if start else None,
+                      **options)
+        return outputs_and_grads(call, leaves, cot)
+
+    want, want_grads = run(delta_rule_recurrent)
+    got, got_grads = run(delta_rule_chunked, chunk_size=chunk_size, across="fused")
+    for a, b in zip(got + got_grads, want + want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_fused_mixer_float32_and_chained_state(triton_mode):
+    """DeltaMinGRU(fused=True) in float32 against the float64 eager mixer, with decay, a returned
+    state and its chaining: outputs, the state and every weight's gradient."""
+    torch.manual_seed(0)
+    ref = DeltaMinGRU(6, 16, n_heads=2, nh=2, chunk_size=8, decay="learnable").double()
+    m = DeltaMinGRU(6, 16, n_heads=2, nh=2, chunk_size=8, decay="learnable", fused=True)
+    m.load_state_dict(ref.state_dict())
+    x, dt = torch.randn(2, 19, 6, dtype=f64), torch.rand(2, 19, dtype=f64)
+
+    def run(model, dtype):
+        model.zero_grad()
+        xs, dts = x.to(dtype), dt.to(dtype)
+        y1, s = model(xs[:, :11], delta_t=dts[:, :11], return_state=True)
+        y2, h = model(xs[:, 11:], h_0=s, delta_t=dts[:, 11:], return_state=True)
+        y = torch.cat([y1, y2], 1)
+        (y.sin().sum() + h.square().sum()).backward()
+        return [y, h] + [p.grad for p in model.parameters()]
+
+    with dispatch.using("eager"):
+        want = run(ref, f64)
+    for a, b in zip(run(m, torch.float32), want):
+        torch.testing.assert_close(a.double(), b, rtol=2e-4, atol=2e-4 * b.abs().max().item())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d_k, d_v", [(16, 16), (64, 32)])
+def test_fused_kernels_on_gpu_against_float64(d_k, d_v, monkeypatch):
+    """The compiled kernels (tl.dot on tensor cores, where the interpreter computes exactly) in float32:
+    decay, DeltaProduct, a start state and a short last chunk, against the float64 recurrence."""
+    monkeypatch.setenv("MINGRU_SCAN", "triton")
+    inputs = _inputs(2, 150, 3, d_k, d_v, 2, True)
+    g = torch.Generator().manual_seed(1)
+    cot = [torch.randn(2, 150, 3, d_v, generator=g, dtype=f64), torch.randn(2, 3, d_k, d_v, generator=g, dtype=f64)]
+    want, want_grads = outputs_and_grads(_call(delta_rule_recurrent), inputs, cot)
+    got, got_grads = outputs_and_grads(_call(delta_rule_chunked, chunk_size=64, across="fused"),
+                                       [x.float().cuda() for x in inputs], [c.float().cuda() for c in cot])
+    for a, b in zip(got + got_grads, want + want_grads):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=1e-4 * b.abs().max().item())
+
+
+def test_fused_form_declines_states_above_its_tile(triton_mode):
+    q, k, v, beta, h_0 = _inputs(1, 3, 1, 72, 4, 1, False)
+    with pytest.raises(RuntimeError, match="d_k = 72"):
+        delta_rule_chunked(q, k, v, beta, h_0=h_0, across="fused")
+    with dispatch.using("auto"):  # auto runs eager on a CPU: the default form
+        y, h = delta_rule_chunked(q, k, v, beta, h_0=h_0, across="fused")
+    want = delta_rule_recurrent(q, k, v, beta, h_0=h_0)
+    for a, b in zip((y, h), want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="n_heads"):
         DeltaMinGRU(4, 10, n_heads=4)
@@ -137,6 +218,8 @@ def test_bad_input_names_the_argument():
             DeltaMinGRU(4, 8, **{name: 0})
     with pytest.raises(ValueError, match="decay"):
         DeltaMinGRU(4, 8, decay="linear")
+    with pytest.raises(TypeError, match="fused must be a bool"):
+        DeltaMinGRU(4, 8, fused="yes")
     m = DeltaMinGRU(4, 8, n_heads=2)
     with pytest.raises(ValueError, match="x must have shape"):
         m(torch.randn(2, 5, 3))

@@ -24,6 +24,8 @@ MIXERS = {
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
     "DeltaMinGRU": lambda: mingru.DeltaMinGRU(32, 64),  # T = 100: two chunks, the kernels' solve and chain
     "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, chunk_size=128),  # the carried form
+    "DeltaMinGRU-fused": lambda: mingru.DeltaMinGRU(32, 64, fused=True),  # two chunks in the fused kernels
+    "DeltaMinGRU-fused-nh2": lambda: mingru.DeltaMinGRU(32, 64, nh=2, chunk_size=32, fused=True),  # 4 chunks
 }
 OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "gated_recurrence_stacked",
        "signed_recurrence_stacked", "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]

@@ -68,7 +68,8 @@ def mixer(name, dims):
     """Our mixer `name` ('GivensMinGRU[fused]', 'MinGRU', ...) at width dims['d'].
 
     The one place that calls the mixers' constructors: MinGRU and SignedMinGRU take
-    (input_size, hidden_size); Givens' path, block size (k) and rounds (L Givens layers) are keywords.
+    (input_size, hidden_size); Givens' path, block size (k) and rounds (L Givens layers) are keywords;
+    a path in brackets is the `fused` keyword ('DeltaMinGRU[fused]': its fused form).
     """
     base, _, path = name.partition("[")
     kwargs = {"fused": path.startswith("fused")} if path else {}

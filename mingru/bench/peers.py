@@ -34,7 +34,8 @@ DELTA_GATE = gate((2e-2, 2e-2), (5e-2, 5e-2), True, True,
                   "delta rule in bfloat16 (fla's chunk_delta_rule refuses float32), against float64 on the same "
                   "rounded inputs, normwise: bfloat16 outputs carry 8 significant bits")
 GOAL = "ours faster by GPU clock"
-OURS = ("mingru.linear_recurrence", "mingru.parallel_scan_log", "mingru.delta_rule_chunked")
+OURS = ("mingru.linear_recurrence", "mingru.parallel_scan_log", "mingru.delta_rule_chunked",
+        "mingru.delta_rule_chunked[fused]")
 # (B, T, heads, head width): DeltaMinGRU(256, 256) with its default 4 heads, at two layer shapes
 DELTA_SHAPES = ((16, 1024, 4, 64), (4, 4096, 4, 64))
 QUICK_DELTA_SHAPES = ((1, 8, 2, 4),)
@@ -128,6 +129,8 @@ def delta_competitors():
     places.peer_on_path("fla-core")
     chunk, why = _find(("fla.ops.delta_rule", "chunk_delta_rule"))
     return {"mingru.delta_rule_chunked": (lambda q, k, v, beta: delta_rule_chunked(q, k, v, beta)[0], None),
+            "mingru.delta_rule_chunked[fused]": (
+                lambda q, k, v, beta: delta_rule_chunked(q, k, v, beta, across="fused")[0], None),
             "fla.chunk_delta_rule": (chunk and (lambda q, k, v, beta: chunk(q, k, v, beta, scale=1.0)[0]), why)}
 
 
@@ -271,7 +274,8 @@ def summarize(rows, env):
                   "accelerated_scan runs its own two Triton kernels with their launches, through an autograd "
                   f"Function that allocates its states buffer with {ACCELERATED_BLOCK} elements of room: its "
                   "backward reads past that buffer (unused values) when T is not a multiple of its block",
-                  "delta-rule rows (mingru.delta_rule_chunked, fla.chunk_delta_rule): D = heads x head width, "
+                  "delta-rule rows (mingru.delta_rule_chunked in its default and its fused form, fla.chunk_delta_rule): "
+                  "D = heads x head width, "
                   f"heads {DELTA_SHAPES[0][2]}, one micro-step per token (nh = 1), no decay; gate: {DELTA_GATE['why']}",
                   "rows where a peer beats us by GPU clock: " + ("; ".join(losses) or "none"),
                   f"rows not run after a CUDA error in this process: {not_run}"],

@@ -31,6 +31,8 @@ WIDTH, QUICK_WIDTH = 64, 8
 AFFINE_KV = ((4, 4), (8, 8), (16, 16), (8, 1))  # (8, 1) is GivensMinGRU's generic path
 MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU", "DeltaMinGRU")
 DELTA_LAYER_SHAPES = ((16, 1024, 256), (4, 4096, 256))
+# our forms measured beside a mixer's default, at each of its shapes, against the same class of the seed
+FORMS = {"DeltaMinGRU": ("DeltaMinGRU[fused]",)}
 DTYPES = ("float32", "bfloat16")
 TOLERANCE = {  # against float64 on the same (rounded) inputs, normwise: rtol times the tensor's largest entry
     "float32": timing.gate((1e-4, 1e-4), (1e-3, 1e-3), True, True,
@@ -68,7 +70,8 @@ def mixer_cases(quick):
     shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
     names = [m for m in MIXERS if hasattr(mingru, m)]
     found = [(m, B, T, width) for m in (names[:1] if quick else names) for B, T in shapes.values()]
-    return found + ([] if quick else [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES])
+    found += [] if quick else [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES]
+    return found + [(form, B, T, d) for m, B, T, d in found for form in ([] if quick else FORMS.get(m, ()))]
 
 
 def op_reference(op, dims, dtype, device):
@@ -96,9 +99,12 @@ def op_job(op, dims, dtype, direction, device, reps, reference=None):
 
 
 def module_job(name, B, T, d, dtype="float32", mode="auto", reps=3, memory=True, seed=0):
-    """A mixer's fwd+bwd on a fresh input x ~ N(0, 1) of shape (B, T, d); default constructor (d, d)."""
+    """A mixer's fwd+bwd on a fresh input x ~ N(0, 1) of shape (B, T, d); default constructor (d, d).
+    name: our subject (`cases.mixer`'s names: 'DeltaMinGRU[fused]' is a form of ours); the seed runs
+    its class of that name without the bracket."""
     gen = torch.Generator().manual_seed(seed)
-    return {"kind": "module", "name": name, "args": (d, d), "kwargs": {}, "dtype": dtype, "mode": mode,
+    return {"kind": "module", "name": name.partition("[")[0], "subject": name, "args": (d, d), "kwargs": {},
+            "dtype": dtype, "mode": mode,
             "x": torch.randn(B, T, d, generator=gen).to(getattr(torch, dtype)), "seed": seed,
             "tol": TOLERANCE[dtype], "reps": reps, "gpu_time": True, "memory": memory}
 
@@ -110,7 +116,7 @@ def ours(job, device):
         with timing.scan_impl("auto"):
             got = seed_runner.run_op(mingru, timing, job, device)
     else:
-        build = lambda j: cases.mixer(j["name"], {"d": j["args"][1]})  # noqa: E731
+        build = lambda j: cases.mixer(j.get("subject", j["name"]), {"d": j["args"][1]})  # noqa: E731
         got = seed_runner.run_module(mingru, timing, job, device, build)
     return {**got, "job_s": time.monotonic() - start}
 

@@ -24,7 +24,8 @@ Modules: `common` (envelope check, TF32 switch, launches, op registration with i
 linear_recurrence, parallel_scan_log), `matrix` (matrix_scan, matrix_affine_scan,
 matrix_recurrence), `wide` (matrix_recurrence for states of 32 or 64 rows and columns, one lane
 per program), `rotation` (angle-fused Givens recurrence), `triangular` (the unit lower
-triangular solves of the chunked delta rule).
+triangular solves of the chunked delta rule), `delta_rule` (the whole chunked delta rule in two
+kernels: DeltaMinGRU's fused form).
 """
 import torch
 

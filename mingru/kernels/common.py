@@ -194,35 +194,50 @@ def cotangent(g, like):
     return torch.zeros_like(like) if g is None else g
 
 
-def _autograd(saved, optional):
+def _autograd(saved, optional, aux=0):
     """setup_context and grad for register_autograd: the backward launcher takes the inputs at
-    indices `saved`, then every output, then one cotangent per output; the inputs at indices
-    `optional` may be None (an initial state, a scale), and get a gradient only when passed."""
+    indices `saved`, then every output, then one cotangent per output, and returns one gradient per
+    input that is not a size. The inputs at indices `optional` may be None (an initial state, a
+    scale) and get a gradient only when passed; a size (an int input) is saved as it is and gets
+    none. The last `aux` outputs only carry the forward's work to the backward: their cotangents
+    are ignored and passed as empty tensors."""
     def setup_context(ctx, inputs, output):
-        ctx.absent = [i for i in optional if inputs[i] is None]
-        ctx.save_for_backward(*(inputs[i] for i in saved), *(output if isinstance(output, tuple) else (output,)))
+        ctx.sizes = [i for i, x in enumerate(inputs) if isinstance(x, int)]
+        ctx.absent = [i for i in optional if inputs[i] is None] + ctx.sizes
+        kept = [inputs[i] for i in saved]
+        ctx.kept_sizes = {j: x for j, x in enumerate(kept) if isinstance(x, int)}
+        ctx.save_for_backward(*(None if j in ctx.kept_sizes else x for j, x in enumerate(kept)),
+                              *(output if isinstance(output, tuple) else (output,)))
 
     def grad(ctx, backward, *g):
-        tensors = ctx.saved_tensors
-        grads = backward(*tensors, *(cotangent(gi, o) for gi, o in zip(g, tensors[len(tensors) - len(g):])))
-        grads = (grads,) if isinstance(grads, torch.Tensor) else grads  # an op of one input
+        tensors = list(ctx.saved_tensors)
+        for j, x in ctx.kept_sizes.items():
+            tensors[j] = x
+        outputs = tensors[len(tensors) - len(g):]
+        cots = [cotangent(gi, o) for gi, o in zip(g[:len(g) - aux], outputs)]
+        cots += [o.new_empty(0) for o in outputs[len(g) - aux:]]
+        grads = backward(*tensors, *cots)
+        grads = [grads] if isinstance(grads, torch.Tensor) else list(grads)  # an op of one input
+        for i in ctx.sizes:
+            grads.insert(i, None)
         return tuple(None if i in ctx.absent else gi for i, gi in enumerate(grads))
     return setup_context, grad
 
 
-def scan_op(name, forward, backward, saved, optional=()):
+def scan_op(name, forward, backward, saved, optional=(), aux=0):
     """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
     return the callable the entry points use.
 
     forward(*inputs) and backward(*inputs[saved], *outputs, *cotangents) are plain launchers with
-    type hints; the inputs at indices `optional` may be None (see `_autograd`). Under torch.compile
+    type hints; the inputs at indices `optional` may be None, and the last `aux` outputs carry no
+    gradient (see `_autograd`). Under torch.compile
     the callable is the registered triton_op, which the compiler traces without a graph break. In
     eager it is an autograd.Function over the same launchers: the custom-op dispatcher and
     wrap_triton's launch path (which the launchers use so that tracers see the kernels) both cost
     host time per call that can exceed the kernel's own at small shapes. Inference calls (no input
     requires grad, or grad mode off) skip the autograd.Function as well.
     """
-    setup_context, grad = _autograd(saved, optional)
+    setup_context, grad = _autograd(saved, optional, aux)
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
     triton_op(f"mingru::{name}_backward", mutates_args=())(backward)
@@ -245,7 +260,7 @@ def scan_op(name, forward, backward, saved, optional=()):
         # launches the kernels directly, without wrap_triton's per-launch tracing machinery.
         if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
             return registered(*inputs)
-        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
             return direct.apply(*inputs)
         return _unwrapped(forward, *inputs)  # inference: no graph to record, so no autograd.Function
     return call

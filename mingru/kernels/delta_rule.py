@@ -1,0 +1,427 @@
+"""The chunked delta rule in two kernels: one program per (batch row, head) walks the chunks in
+order with the state S (d_k x d_v) in registers, and does each chunk's WY algebra in BS x BS
+blocks of micro-steps, so that no chunk term (the M x M systems, the readout matrix, the chunk
+layout) is ever written to memory.
+
+Per chunk of C tokens and M = C nh micro-steps (see `mingru.delta` for the recurrence), with c the
+chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the chunk's total):
+
+    T = I + L,  L[i, l] = beta_l (k_i . k_l) e^{c_i - c_l}   (l < i)
+    u = T^{-1} (V - diag(e^c) K S)                            (the pseudo-values, M x d_v)
+    y_t = e^{c_t} S^T q_t + sum_{l: token(l) <= t} beta_l (q_t . k_l) e^{c_t - c_l} u_l
+    S' = e^{c_end} S + sum_l beta_l e^{c_end - c_l} k_l u_l^T
+
+The solve runs by blocks: u_i = D_i (r_i - sum_{j<i} L_ij u_j) with D_i = (I + L_ii)^{-1} from
+`triangular._unit_lower_inverse`; each u_i is written to the output u, from which the later blocks
+(and the readout) read it back. The forward writes y, the final state, u and the state at each
+chunk start: what the backward keeps (the inputs, u and N states: nothing of size M x M).
+
+The backward walks the chunks from the last one with the state's cotangent dS in registers:
+    du = read^T dy + Kc dS',  dr = T^{-T} du (by blocks from the last),  dv = dr,
+    dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - (diag(e^c) K)^T dr,
+then the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T
+(masked to token(l) <= t), each block's pairs recomputed where it needs them. Every product is a
+tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from mingru.dispatch import ScanFallback
+from mingru.kernels.common import cdiv, check_envelope, dot_precision, launch, next_pow2, planned, scan_op
+from mingru.kernels.triangular import _unit_lower_inverse
+
+BS = 16     # micro-steps per block of the chunk's triangular system
+BT = 16     # tokens per block of the readout
+MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
+WARPS = 4
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _micro(n, blk, C, NH, T, BS: tl.constexpr):
+    """Micro-steps of block `blk` of chunk n: (index in the chunk, token in the chunk, token in the
+    sequence, live: inside the chunk and the sequence)."""
+    m = blk * BS + tl.arange(0, BS)
+    tok = m // NH
+    t = n * C + tok
+    return m, tok, t, (m < C * NH) & (t < T)
+
+
+@triton.jit
+def _tokens(n, tb, C, T, BT: tl.constexpr):
+    """Tokens of readout block tb of chunk n: (token in the chunk, token in the sequence, live)."""
+    tq = tb * BT + tl.arange(0, BT)
+    t = n * C + tq
+    return tq, t, (tq < C) & (t < T)
+
+
+@triton.jit
+def _chunk_decay(G, g_off, sgt, n, C, T, CP: tl.constexpr, F64: tl.constexpr, DECAY: tl.constexpr):
+    """log gamma of chunk n's tokens (CP entries, 0 past the chunk or the sequence; 0 without decay)."""
+    s = tl.arange(0, CP)
+    if DECAY:
+        g = tl.load(G + g_off + (n * C + s).to(tl.int64) * sgt, mask=(s < C) & (n * C + s < T), other=0.0)
+        return g.to(tl.float64 if F64 else tl.float32)
+    return tl.zeros([CP], tl.float64 if F64 else tl.float32)
+
+
+@triton.jit
+def _cum(g, tok, CP: tl.constexpr):
+    """The chunk-relative cumulative log decay at chunk tokens `tok`: sum of g over tokens <= tok."""
+    s = tl.arange(0, CP)
+    return tl.sum(tl.where(s[None, :] <= tok[:, None], g[None, :], 0.0), 1)
+
+
+@triton.jit
+def _rows(P, off, st, sj, t, j, live, D, BD: tl.constexpr, F64: tl.constexpr):
+    """Rows (token t, micro-step j) of a (.., T, [nh,] .., D) tensor at `off` as a (len(t), BD) tile."""
+    cols = tl.arange(0, BD)
+    ptr = P + off + t[:, None].to(tl.int64) * st + j[:, None] * sj + cols[None, :]
+    x = tl.load(ptr, mask=live[:, None] & (cols[None, :] < D), other=0.0)
+    return x.to(tl.float64 if F64 else tl.float32)
+
+
+@triton.jit
+def _put_rows(P, off, st, sj, t, j, live, D, x, BD: tl.constexpr):
+    cols = tl.arange(0, BD)
+    ptr = P + off + t[:, None].to(tl.int64) * st + j[:, None] * sj + cols[None, :]
+    tl.store(ptr, x.to(P.dtype.element_ty), mask=live[:, None] & (cols[None, :] < D))
+
+
+@triton.jit
+def _scalars(P, off, st, sj, t, j, live, F64: tl.constexpr):
+    x = tl.load(P + off + t.to(tl.int64) * st + j * sj, mask=live, other=0.0)
+    return x.to(tl.float64 if F64 else tl.float32)
+
+
+@triton.jit
+def _state_ptrs(P, off, DK, DV, BDK: tl.constexpr, BDV: tl.constexpr):
+    rk, rv = tl.arange(0, BDK), tl.arange(0, BDV)
+    return P + off + rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+
+
+@triton.jit
+def _diagonal_inverse(Kb, bb, cb, m, BS: tl.constexpr, PREC: tl.constexpr):
+    """D = (I + L_bb)^{-1} of a diagonal block: L_bb[i, l] = beta_l (k_i . k_l) e^{c_i - c_l}, l < i."""
+    lower = m[:, None] > m[None, :]
+    L = _dot(Kb, tl.trans(Kb * bb[:, None]), PREC) * tl.exp(tl.where(lower, cb[:, None] - cb[None, :], 0.0))
+    return _unit_lower_inverse(tl.where(lower, L, 0.0), BS)
+
+
+@triton.jit
+def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
+                    sqb, sqt, sqh, skb, skt, skj, skh, svb, svt, svj, svh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                    H, T, C, NH, N, DK, DV,
+                    BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
+                    DECAY: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """y, the final state, u (laid out as v, contiguous) and the chunk-start states (B, H, N, DK, DV)
+    of one (batch row, head) per program; y (B, T, H, DV) and the states contiguous."""
+    pid = tl.program_id(0)
+    b, h = (pid // H).to(tl.int64), pid % H
+    q_off, k_off, v_off = b * sqb + h * sqh, b * skb + h * skh, b * svb + h * svh
+    beta_off, g_off = b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j = NH * H * DV, H * DV                       # u: (B, T, nh, H, DV) contiguous
+    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
+    s_off = pid.to(tl.int64) * N * DK * DV
+    ptrs, smask = _state_ptrs(S0, s_off, DK, DV, BDK, BDV)
+    if HAS_H0:
+        p0, _ = _state_ptrs(H0, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
+        S = tl.load(p0, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    else:
+        S = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
+    NB = tl.cdiv(C * NH, BS)
+    NTB = tl.cdiv(C, BT)
+    for n in range(N):
+        tl.store(ptrs + n * DK * DV, S.to(S0.dtype.element_ty), mask=smask)
+        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+        # u by blocks of micro-steps: u_i = D_i (v_i - e^{c_i} k_i S - sum_{j<i} L_ij u_j)
+        for i in range(NB):
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+            K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
+            b_i = _scalars(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64)
+            c_i = _cum(g, tok_i, CP)
+            r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64)
+            r -= _dot(K_i * tl.exp(c_i)[:, None], S, PREC)
+            for j in range(i):
+                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+                K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+                b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+                L = _dot(K_i, tl.trans(K_j * b_j[:, None]), PREC) * tl.exp(c_i[:, None] - _cum(g, tok_j, CP)[None, :])
+                r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+            u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
+            _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, u_i, BDV)
+            tl.debug_barrier()  # the later blocks read u_i back
+        # the readout, a block of tokens at a time, over the micro-steps of its tokens and before
+        for tb in range(NTB):
+            tq, t_q, live_q = _tokens(n, tb, C, T, BT)
+            Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
+            c_q = _cum(g, tq, CP)
+            y = _dot(Q_b * tl.exp(c_q)[:, None], S, PREC)
+            for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
+                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+                K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+                b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+                seen = tok_j[None, :] <= tq[:, None]
+                R = _dot(Q_b, tl.trans(K_j * b_j[:, None]), PREC)
+                R = tl.where(seen, R * tl.exp(tl.where(seen, c_q[:, None] - _cum(g, tok_j, CP)[None, :], 0.0)), 0.0)
+                y += _dot(R, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+            _put_rows(Y, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, y, BDV)
+        # the chunk's end state
+        c_end = tl.sum(g, 0)
+        S = S * tl.exp(c_end)
+        for j in range(NB):
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            w = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64) * tl.exp(c_end - _cum(g, tok_j, CP))
+            S += _dot(tl.trans(K_j * w[:, None]), _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64),
+                      PREC)
+    pT, _ = _state_ptrs(HT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
+    tl.store(pT, S.to(HT.dtype.element_ty), mask=smask)
+
+
+@triton.jit
+def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
+                     sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                     H, T, C, NH, N, DK, DV,
+                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
+                     DECAY: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """The gradients of `_forward_kernel`'s inputs from the cotangents of y (DY, as y) and of the final
+    state (DHT); DQ, DKK, DVO, DB, DG contiguous in the shapes of q, k, v, beta, log gamma."""
+    pid = tl.program_id(0)
+    b, h = (pid // H).to(tl.int64), pid % H
+    q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j = NH * H * DV, H * DV                     # u, dv: (B, T, nh, H, DV) contiguous
+    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
+    dk_t, dk_j = NH * H * DK, H * DK                       # dk: (B, T, nh, H, DK); dq: (B, T, H, DK)
+    dk_off, dq_off = b * T * dk_t + h * DK, b * T * H * DK + h * DK
+    db_off, dg_off = b * T * NH * H + h, b * T * H + h     # dbeta (B, T, nh, H), dlog gamma (B, T, H)
+    s_off = pid.to(tl.int64) * N * DK * DV
+    ptrs, smask = _state_ptrs(S0, s_off, DK, DV, BDK, BDV)
+    pT, _ = _state_ptrs(DHT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
+    dS = tl.load(pT, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    NB = tl.cdiv(C * NH, BS)
+    NTB = tl.cdiv(C, BT)
+    s = tl.arange(0, CP)
+    for back in range(N):
+        n = N - 1 - back
+        S = tl.load(ptrs + n * DK * DV, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+        c_end = tl.sum(g, 0)
+        # dr = T^{-T} du by blocks from the last: dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i)
+        for rb in range(NB):
+            j = NB - 1 - rb
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+            c_j = _cum(g, tok_j, CP)
+            Kb_j = K_j * b_j[:, None]
+            du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC)
+            for tb in range((j * BS // NH) // BT, NTB):
+                tq, t_q, live_q = _tokens(n, tb, C, T, BT)
+                seen = tok_j[None, :] <= tq[:, None]
+                R = _dot(_rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64), tl.trans(Kb_j), PREC)
+                R = tl.where(seen, R * tl.exp(tl.where(seen, _cum(g, tq, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), PREC)
+            for i in range(j + 1, NB):
+                m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+                K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
+                L = _dot(K_i, tl.trans(Kb_j), PREC) * tl.exp(_cum(g, tok_i, CP)[:, None] - c_j[None, :])
+                du -= _dot(tl.trans(L), _rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
+            dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
+            _put_rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, dr, BDV)
+            tl.debug_barrier()  # the earlier blocks read dr back
+        dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
+        dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
+        # k and beta, a block of micro-steps j at a time
+        for j in range(NB):
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+            c_j = _cum(g, tok_j, CP)
+            U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+            dr_j = _rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+            Kb_j = K_j * b_j[:, None]
+            dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+            db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+            dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+            for l in range(j + 1):  # j's rows of dL = -(dr u^T) e^{c_i - c_l}, l < i
+                m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
+                Kb_l = _rows(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64) * \
+                    _scalars(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64)[:, None]
+                lower = m_j[:, None] > m_l[None, :]
+                A = -_dot(dr_j, tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64)), PREC)
+                A = tl.where(lower, A * tl.exp(tl.where(lower, c_j[:, None] - _cum(g, tok_l, CP)[None, :], 0.0)), 0.0)
+                dk += _dot(A, Kb_l, PREC)
+                if DECAY:
+                    dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1)
+            for i in range(j, NB):  # j's columns of dL
+                m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+                K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
+                lower = m_i[:, None] > m_j[None, :]
+                A = -_dot(_rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j), PREC)
+                A = tl.where(lower, A * tl.exp(tl.where(lower, _cum(g, tok_i, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                dk += b_j[:, None] * _dot(tl.trans(A), K_i, PREC)
+                col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0)
+                db += col
+                dc -= b_j * col
+            for tb in range((j * BS // NH) // BT, NTB):  # j's columns of dread = dy u^T, token(l) <= t
+                tq, t_q, live_q = _tokens(n, tb, C, T, BT)
+                Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
+                seen = tok_j[None, :] <= tq[:, None]
+                R = _dot(_rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), tl.trans(U_j), PREC)
+                R = tl.where(seen, R * tl.exp(tl.where(seen, _cum(g, tq, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                dk += b_j[:, None] * _dot(tl.trans(R), Q_b, PREC)
+                col = tl.sum(R * _dot(Q_b, tl.trans(K_j), PREC), 0)
+                db += col
+                dc -= b_j * col
+            e = tl.exp(c_j)
+            dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
+            dk += e[:, None] * dKh
+            dc += e * tl.sum(dKh * K_j, 1)
+            w = tl.exp(c_end - c_j)
+            dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
+            x = tl.sum(dKc * K_j, 1)
+            dk += (b_j * w)[:, None] * dKc
+            db += w * x
+            dc -= b_j * w * x
+            dce += tl.sum(b_j * w * x, 0)
+            _put_rows(DKK, dk_off, dk_t, dk_j, t_j, m_j % NH, live_j, DK, dk, BDK)
+            tl.store(DB + db_off + t_j.to(tl.int64) * NH * H + (m_j % NH) * H, db.to(DB.dtype.element_ty), mask=live_j)
+            if DECAY:
+                dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
+        # q, a block of tokens at a time; then the state's cotangent before the chunk
+        dS_prev = dS * tl.exp(c_end)
+        for tb in range(NTB):
+            tq, t_q, live_q = _tokens(n, tb, C, T, BT)
+            Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
+            dy = _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64)
+            c_q = _cum(g, tq, CP)
+            dq = tl.zeros([BT, BDK], tl.float64 if F64 else tl.float32)
+            dc = tl.zeros([BT], tl.float64 if F64 else tl.float32)
+            for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
+                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+                Kb_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64) * \
+                    _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)[:, None]
+                seen = tok_j[None, :] <= tq[:, None]
+                R = _dot(dy, tl.trans(_rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)), PREC)
+                R = tl.where(seen, R * tl.exp(tl.where(seen, c_q[:, None] - _cum(g, tok_j, CP)[None, :], 0.0)), 0.0)
+                dq += _dot(R, Kb_j, PREC)
+                if DECAY:
+                    dc += tl.sum(R * _dot(Q_b, tl.trans(Kb_j), PREC), 1)
+            e = tl.exp(c_q)
+            dQh = _dot(dy, tl.trans(S), PREC)
+            dq += e[:, None] * dQh
+            dc += e * tl.sum(dQh * Q_b, 1)
+            _put_rows(DQ, dq_off, H * DK, 0, t_q, tq * 0, live_q, DK, dq, BDK)
+            if DECAY:
+                dct += tl.sum(tl.where(tq[:, None] == s[None, :], dc[:, None], 0.0), 0)
+            dS_prev += _dot(tl.trans(Q_b * e[:, None]), dy, PREC)
+        for j in range(NB):
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            dS_prev -= _dot(tl.trans(K_j * tl.exp(_cum(g, tok_j, CP))[:, None]),
+                            _rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+        if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
+            dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
+            tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
+                     mask=(s < C) & (n * C + s < T))
+        dS = dS_prev
+    if HAS_H0:
+        p0, _ = _state_ptrs(DH0, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
+        tl.store(p0, dS.to(DH0.dtype.element_ty), mask=smask)
+
+
+# ---- launches ------------------------------------------------------------------------------
+
+@planned
+def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, prec):
+    """The arguments of both kernels besides the tensors: k of `shape` (B, T, nh, H, d_k), chunks of
+    C tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
+    B, T, nh, H, dk = shape
+    return dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
+                svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
+                **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
+                H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=max(16, next_pow2(dk)),
+                BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, BT=BT, DECAY=decay,
+                HAS_H0=has_h0, F64=f64, PREC=prec, num_warps=WARPS)
+
+
+_BACKWARD_DROPS = ("svb", "svt", "svj", "svh")  # the backward reads u, not v
+
+
+@planned
+def _backward_args(forward):
+    return {key: value for key, value in forward.items() if key not in _BACKWARD_DROPS}
+
+
+def _rows_last(x):
+    """x with a unit stride along its last dim (what the kernels' row loads assume)."""
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
+def _plan_for(q, k, v, beta, log_gamma, h0, chunk_size):
+    C = min(chunk_size, q.shape[1])
+    return _plan(tuple(k.shape), v.shape[-1], C, q.stride(), k.stride(), v.stride(), beta.stride(),
+                 None if log_gamma is None else log_gamma.stride(), q.dtype == torch.float64,
+                 log_gamma is not None, h0 is not None, dot_precision())
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+             log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
+             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
+    h0 = None if h0 is None else h0.contiguous()
+    B, T, nh, H, dk = k.shape
+    dv = v.shape[-1]
+    plan = _plan_for(q, k, v, beta, log_gamma, h0, chunk_size)
+    y, hT = q.new_empty(B, T, H, dv), q.new_empty(B, H, dk, dv)
+    u, starts = q.new_empty(B, T, nh, H, dv), q.new_empty(B, H, plan["N"], dk, dv)
+    launch(_forward_kernel, (B * H,), plan, Q=q, K=k, V=v, BETA=beta, G=q if log_gamma is None else log_gamma,
+           H0=q if h0 is None else h0, Y=y, U=u, S0=starts, HT=hT)
+    return y, hT, u, starts
+
+
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+              log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor], chunk_size: int,
+              y: torch.Tensor, hT: torch.Tensor, u: torch.Tensor, starts: torch.Tensor, dy: torch.Tensor,
+              dhT: torch.Tensor, du: torch.Tensor, dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor]:
+    q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
+    B, T, nh, H, dk = k.shape
+    plan = _backward_args(_plan_for(q, k, v, beta, log_gamma, h0, chunk_size))
+    new = lambda x: torch.empty(x.shape, dtype=x.dtype, device=x.device)  # noqa: E731  (contiguous)
+    dq, dk, dv, dbeta = new(q), new(k), new(u), new(beta)
+    dg = new(log_gamma) if log_gamma is not None else q.new_empty(0)
+    dh0 = new(h0) if h0 is not None else q.new_empty(0)
+    launch(_backward_kernel, (B * H,), plan, Q=q, K=k, BETA=beta, G=q if log_gamma is None else log_gamma, U=u,
+           S0=starts, DY=dy.contiguous(), DHT=dhT.contiguous(), DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg,
+           DH0=dh0 if h0 is not None else q)
+    return dq, dk, dv, dbeta, dg, dh0
+
+
+# y and the final state carry gradients; u and the chunk-start states only carry the forward's
+# work to the backward
+_delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=2)
+
+
+def delta_rule(q, k, v, beta, log_gamma, h0, chunk_size):
+    """The Triton path of `delta.delta_rule_chunked(..., across="fused")` on checked inputs (k, v,
+    beta with their nh axis, T >= 1): (y (B, T, H, d_v), h_T (B, H, d_k, d_v)). ScanFallback outside
+    float32/float64 inputs of one dtype and d_k, d_v <= MAX_D."""
+    check_envelope(q)
+    dk, dv = k.shape[-1], v.shape[-1]
+    if dk > MAX_D or dv > MAX_D:
+        raise ScanFallback(f"d_k = {dk}, d_v = {dv}: the fused kernels hold states of d_k, d_v <= {MAX_D}")
+    if q.dtype not in (torch.float32, torch.float64) or any(
+            x is not None and x.dtype != q.dtype for x in (k, v, beta, log_gamma, h0)):
+        raise ScanFallback(f"the fused delta rule takes float32 or float64 inputs of one dtype, got {q.dtype}")
+    y, hT, _, _ = _delta_rule(q, k, v, beta, log_gamma, h0, chunk_size)
+    return y, hT
