@@ -133,6 +133,18 @@ def test_opcheck(name):
     torch.library.opcheck(getattr(torch.ops.mingru, op).default, args)
 
 
+def test_opcheck_delta_rule():
+    """The fused delta rule's op: an int input (the chunk size), optional tensors, auxiliary outputs."""
+    from mingru.dispatch import triton_impl
+    triton_impl("delta_rule")
+    r = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
+    k = torch.nn.functional.normalize(r(2, 37, 2, 3, 16), dim=-1)
+    beta, log_gamma = 2 * torch.rand(2, 37, 2, 3, device="cuda"), -torch.rand(2, 37, 3, device="cuda")
+    args = [x.detach().requires_grad_() for x in (r(2, 37, 3, 16), k, r(2, 37, 2, 3, 16), beta, log_gamma,
+                                                    r(2, 3, 16, 16))]
+    torch.library.opcheck(torch.ops.mingru.delta_rule.default, args + [16])
+
+
 @pytest.mark.parametrize("name", list(MIXERS) + OPS + SPLIT)
 def test_direct_launches_match_kernel_run(name, monkeypatch):
     """Eager launches skip Triton's binder once a signature is known (common._direct_launch): the

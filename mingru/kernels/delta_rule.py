@@ -108,11 +108,17 @@ def _state_ptrs(P, off, DK, DV, BDK: tl.constexpr, BDV: tl.constexpr):
 
 
 @triton.jit
+def _decayed(x, keep, c_row, c_col):
+    """x[r, l] e^{c_row[r] - c_col[l]} where `keep`, else 0: a product block of a chunk under its decay
+    (kept entries pair a later row with an earlier column, so their factor is at most 1)."""
+    return tl.where(keep, x * tl.exp(tl.where(keep, c_row[:, None] - c_col[None, :], 0.0)), 0.0)
+
+
+@triton.jit
 def _diagonal_inverse(Kb, bb, cb, m, BS: tl.constexpr, PREC: tl.constexpr):
     """D = (I + L_bb)^{-1} of a diagonal block: L_bb[i, l] = beta_l (k_i . k_l) e^{c_i - c_l}, l < i."""
-    lower = m[:, None] > m[None, :]
-    L = _dot(Kb, tl.trans(Kb * bb[:, None]), PREC) * tl.exp(tl.where(lower, cb[:, None] - cb[None, :], 0.0))
-    return _unit_lower_inverse(tl.where(lower, L, 0.0), BS)
+    L = _decayed(_dot(Kb, tl.trans(Kb * bb[:, None]), PREC), m[:, None] > m[None, :], cb, cb)
+    return _unit_lower_inverse(L, BS)
 
 
 @triton.jit
@@ -153,7 +159,7 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
                 K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
                 b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
-                L = _dot(K_i, tl.trans(K_j * b_j[:, None]), PREC) * tl.exp(c_i[:, None] - _cum(g, tok_j, CP)[None, :])
+                L = _decayed(_dot(K_i, tl.trans(K_j * b_j[:, None]), PREC), True, c_i, _cum(g, tok_j, CP))
                 r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
             u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
             _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, u_i, BDV)
@@ -168,9 +174,8 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
                 K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
                 b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
-                seen = tok_j[None, :] <= tq[:, None]
-                R = _dot(Q_b, tl.trans(K_j * b_j[:, None]), PREC)
-                R = tl.where(seen, R * tl.exp(tl.where(seen, c_q[:, None] - _cum(g, tok_j, CP)[None, :], 0.0)), 0.0)
+                R = _decayed(_dot(Q_b, tl.trans(K_j * b_j[:, None]), PREC), tok_j[None, :] <= tq[:, None], c_q,
+                             _cum(g, tok_j, CP))
                 y += _dot(R, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
             _put_rows(Y, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, y, BDV)
         # the chunk's end state
@@ -225,14 +230,13 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC)
             for tb in range((j * BS // NH) // BT, NTB):
                 tq, t_q, live_q = _tokens(n, tb, C, T, BT)
-                seen = tok_j[None, :] <= tq[:, None]
-                R = _dot(_rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64), tl.trans(Kb_j), PREC)
-                R = tl.where(seen, R * tl.exp(tl.where(seen, _cum(g, tq, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                R = _decayed(_dot(_rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64), tl.trans(Kb_j), PREC),
+                             tok_j[None, :] <= tq[:, None], _cum(g, tq, CP), c_j)
                 du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), PREC)
             for i in range(j + 1, NB):
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
                 K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
-                L = _dot(K_i, tl.trans(Kb_j), PREC) * tl.exp(_cum(g, tok_i, CP)[:, None] - c_j[None, :])
+                L = _decayed(_dot(K_i, tl.trans(Kb_j), PREC), True, _cum(g, tok_i, CP), c_j)
                 du -= _dot(tl.trans(L), _rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
             dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
             _put_rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, dr, BDV)
@@ -255,18 +259,16 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                 m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
                 Kb_l = _rows(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64) * \
                     _scalars(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64)[:, None]
-                lower = m_j[:, None] > m_l[None, :]
-                A = -_dot(dr_j, tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64)), PREC)
-                A = tl.where(lower, A * tl.exp(tl.where(lower, c_j[:, None] - _cum(g, tok_l, CP)[None, :], 0.0)), 0.0)
+                A = _decayed(-_dot(dr_j, tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64)),
+                                   PREC), m_j[:, None] > m_l[None, :], c_j, _cum(g, tok_l, CP))
                 dk += _dot(A, Kb_l, PREC)
                 if DECAY:
                     dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1)
             for i in range(j, NB):  # j's columns of dL
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
                 K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
-                lower = m_i[:, None] > m_j[None, :]
-                A = -_dot(_rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j), PREC)
-                A = tl.where(lower, A * tl.exp(tl.where(lower, _cum(g, tok_i, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                A = _decayed(-_dot(_rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
+                                   PREC), m_i[:, None] > m_j[None, :], _cum(g, tok_i, CP), c_j)
                 dk += b_j[:, None] * _dot(tl.trans(A), K_i, PREC)
                 col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0)
                 db += col
@@ -274,9 +276,8 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             for tb in range((j * BS // NH) // BT, NTB):  # j's columns of dread = dy u^T, token(l) <= t
                 tq, t_q, live_q = _tokens(n, tb, C, T, BT)
                 Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
-                seen = tok_j[None, :] <= tq[:, None]
-                R = _dot(_rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), tl.trans(U_j), PREC)
-                R = tl.where(seen, R * tl.exp(tl.where(seen, _cum(g, tq, CP)[:, None] - c_j[None, :], 0.0)), 0.0)
+                R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), tl.trans(U_j), PREC),
+                             tok_j[None, :] <= tq[:, None], _cum(g, tq, CP), c_j)
                 dk += b_j[:, None] * _dot(tl.trans(R), Q_b, PREC)
                 col = tl.sum(R * _dot(Q_b, tl.trans(K_j), PREC), 0)
                 db += col
@@ -309,9 +310,8 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
                 Kb_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64) * \
                     _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)[:, None]
-                seen = tok_j[None, :] <= tq[:, None]
-                R = _dot(dy, tl.trans(_rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)), PREC)
-                R = tl.where(seen, R * tl.exp(tl.where(seen, c_q[:, None] - _cum(g, tok_j, CP)[None, :], 0.0)), 0.0)
+                R = _decayed(_dot(dy, tl.trans(_rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)), PREC),
+                             tok_j[None, :] <= tq[:, None], c_q, _cum(g, tok_j, CP))
                 dq += _dot(R, Kb_j, PREC)
                 if DECAY:
                     dc += tl.sum(R * _dot(Q_b, tl.trans(Kb_j), PREC), 1)
