@@ -198,6 +198,43 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     return _from_chunks(Y, T).to(out_dtype), after[:, -1].to(out_dtype)
 
 
+def split_projection(proj, n_heads, nh, d_k, d_v):
+    """Views q (..., H, d_k), k (..., nh, H, d_k), v (..., nh, H, d_v), beta (..., nh, H) of DeltaMinGRU's
+    projection output proj (..., W), whose last dim lies as [q | k | v | beta] with the micro-steps
+    j-major within k, v and beta; k and beta as projected (not yet normalized and gated)."""
+    H = n_heads
+    q, k, v, beta = proj.split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
+    return q.unflatten(-1, (H, d_k)), k.unflatten(-1, (nh, H, d_k)), v.unflatten(-1, (nh, H, d_v)), \
+        beta.unflatten(-1, (nh, H))
+
+
+def heads(proj, n_heads, nh, d_k, d_v):
+    """q, k (unit norm), v, beta = 2 sigmoid(.) in (0, 2) from the projection output (`split_projection`)."""
+    q, k, v, beta = split_projection(proj, n_heads, nh, d_k, d_v)
+    return q, F.normalize(k, dim=-1), v, 2 * torch.sigmoid(beta)
+
+
+def delta_layer(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
+    """DeltaMinGRU's fused form: `delta_rule_chunked` of `heads(proj, ...)` with the keys normalized and
+    the write strengths gated inside the Triton kernels (`kernels.delta_rule.delta_layer`), which
+    read the projection output in place and write its gradient as one buffer. Where dispatch runs
+    eager, or the kernels decline, it is the default form. Returns (y (B,T,H,d_v), h_T (B,H,d_k,d_v))."""
+    out_dtype = proj.dtype
+    with torch.autocast(proj.device.type, enabled=False):
+        if out_dtype in (torch.float16, torch.bfloat16):  # the rule runs in float32 (see _chunked)
+            proj = proj.float()
+            log_gamma = None if log_gamma is None else log_gamma.float()
+            h_0 = None if h_0 is None else h_0.float()
+        y, h = dispatch("delta_layer", _layer_eager, proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v,
+                        local=True)
+    return y.to(out_dtype), h.to(out_dtype)
+
+
+def _layer_eager(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
+    """The default form on the layer's projection output."""
+    return delta_rule_chunked(*heads(proj, n_heads, nh, d_k, d_v), log_gamma, h_0, chunk_size)
+
+
 def _unfused(q, k, v, beta, log_gamma, h_0, chunk_size):
     """The fused form's eager stand-in: the default form on the same (float32 or float64) inputs."""
     return _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, None)
@@ -431,15 +468,9 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         return self.n_heads * self.d_k * self.d_v
 
     def _heads(self, x):
-        """q (..., H, d_k), k (..., nh, H, d_k) unit norm, v (..., nh, H, d_v), beta (..., nh, H)."""
-        H, nh, d_k, d_v = self.n_heads, self.nh, self.d_k, self.d_v
-        # one matmul for every projection; the micro-steps' outputs lie side by side, j-major
-        qkvb = F.linear(x, *stacked_params(self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
-        q, k, v, beta = qkvb.split([H * d_k, nh * H * d_k, nh * H * d_v, nh * H], -1)
-        lead = x.shape[:-1]
-        k = F.normalize(k.reshape(*lead, nh, H, d_k), dim=-1)
-        return (q.reshape(*lead, H, d_k), k, v.reshape(*lead, nh, H, d_v),
-                2 * torch.sigmoid(beta.reshape(*lead, nh, H)))
+        """The projection output (..., W): q, the micro-steps' k, v and beta pre-activations side by
+        side (`split_projection`), from one matmul over the stacked weights."""
+        return F.linear(x, *stacked_params(self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
 
     def _log_gamma(self, dt, lead):
         """log gamma per head, (*lead, n_heads); float32 and below are clamped at LOG_GAMMA_FLOOR."""
@@ -473,7 +504,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         dt = self._prepare_decay(delta_t, (B, T))
         h = None if h_0 is None else self._state(h_0, (B, 1, self.state_size), "h_0", x)  # None: zeros
         log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
-        y, h = delta_rule_chunked(*self._heads(x), log_gamma, h, self.chunk_size, "fused" if self.fused else None)
+        rule = delta_layer if self.fused else _layer_eager
+        y, h = rule(self._heads(x), log_gamma, h, self.chunk_size, self.n_heads, self.nh, self.d_k, self.d_v)
         y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))
         return (y, h.reshape(B, 1, self.state_size)) if return_state else y
 
@@ -484,7 +516,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         B = x_t.shape[0]
         dt = self._prepare_decay(delta_t, (B,))
         h = self._state(h_prev, (B, self.state_size), "h_prev", x_t)
-        q, k, v, beta = self._heads(x_t)
+        q, k, v, beta = heads(self._heads(x_t), self.n_heads, self.nh, self.d_k, self.d_v)
         h = token_update(h, k, v, beta, None if dt is None else self._decay_log_gamma(dt))
         y = torch.einsum("bhk,bhkv->bhv", q, h).reshape(B, self.n_heads * self.d_v)
         return self.out_proj(y), h.reshape(B, self.state_size)

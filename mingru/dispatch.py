@@ -33,6 +33,7 @@ TRITON_IMPLS = {
     "unit_lower_solve": "mingru.kernels.triangular:unit_lower_solve",
     "unit_lower_inverse": "mingru.kernels.triangular:unit_lower_inverse",
     "delta_rule": "mingru.kernels.delta_rule:delta_rule",
+    "delta_layer": "mingru.kernels.delta_rule:delta_layer",
 }
 
 

@@ -159,6 +159,31 @@ def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated,
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("kwargs", [dict(nh=1, chunk_size=16), dict(nh=2, chunk_size=5, decay="learnable")],
+                         ids=["deltanet", "deltaproduct-decay"])
+def test_fused_layer_equals_eager_in_float64(kwargs, triton_mode):
+    """The layer's kernels (keys normalized, strengths gated and both differentiated inside) against
+    the eager mixer in float64: outputs, state, the input's and every weight's gradient."""
+    torch.manual_seed(0)
+    ref = DeltaMinGRU(6, 16, n_heads=2, **kwargs).double()
+    m = DeltaMinGRU(6, 16, n_heads=2, fused=True, **kwargs).double()
+    m.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 23, 6, dtype=f64)
+    dt = torch.rand(2, 23, dtype=f64) if ref.decay else None
+    h_0 = torch.randn(2, 1, ref.state_size, dtype=f64)
+
+    def run(model):
+        leaf = x.clone().requires_grad_()
+        y, h = model(leaf, h_0=h_0, delta_t=dt, return_state=True)
+        (y.sin().sum() + h.square().sum()).backward()
+        return [y, h, leaf.grad] + [p.grad for p in model.parameters()]
+
+    with dispatch.using("eager"):
+        want = run(ref)
+    for a, b in zip(run(m), want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_fused_mixer_float32_and_chained_state(triton_mode):
     """DeltaMinGRU(fused=True) in float32 against the float64 eager mixer, with decay, a returned
     state and its chaining: outputs, the state and every weight's gradient."""
@@ -197,6 +222,26 @@ def test_fused_kernels_on_gpu_against_float64(d_k, d_v, monkeypatch):
                                        [x.float().cuda() for x in inputs], [c.float().cuda() for c in cot])
     for a, b in zip(got + got_grads, want + want_grads):
         torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=1e-4 * b.abs().max().item())
+
+
+def test_fused_ops_registered_for_tracers_match_the_fast_path(triton_mode):
+    """Eager calls run an autograd.Function over the launchers; torch.compile traces the registered
+    ops mingru::delta_rule and mingru::delta_layer (sizes as int inputs, u and the chunk-start states
+    as outputs without gradients). Both must give the same values and gradients."""
+    from mingru.kernels import delta_rule as fused
+    q, k, v, beta, h_0, lg = _inputs(2, 13, 3, 5, 4, 2, True)
+    proj = torch.randn(2, 13, 3 * 5 + 2 * 3 * (5 + 4 + 1), dtype=f64)
+    cases = [((fused._delta_rule, torch.ops.mingru.delta_rule), [q, k, v, beta, lg, h_0], [4]),
+             ((fused._delta_layer, torch.ops.mingru.delta_layer), [proj, lg, h_0], [4, 3, 2, 5, 4])]
+    for fns, tensors, sizes in cases:
+        results = []
+        for fn in fns:
+            leaves = [x.detach().clone().requires_grad_() for x in tensors]
+            y, h = fn(*leaves, *sizes)[:2]
+            grads = torch.autograd.grad((y, h), leaves, (torch.cos(y), torch.sin(h)))
+            results.append([y, h, *grads])
+        for fast, registered in zip(*results):
+            torch.testing.assert_close(fast, registered, rtol=0, atol=0)
 
 
 def test_fused_form_declines_states_above_its_tile(triton_mode):

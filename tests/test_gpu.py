@@ -134,7 +134,8 @@ def test_opcheck(name):
 
 
 def test_opcheck_delta_rule():
-    """The fused delta rule's op: an int input (the chunk size), optional tensors, auxiliary outputs."""
+    """The fused delta rule's ops: int inputs (the chunk size, the head sizes), optional tensors,
+    auxiliary outputs."""
     from mingru.dispatch import triton_impl
     triton_impl("delta_rule")
     r = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
@@ -143,6 +144,9 @@ def test_opcheck_delta_rule():
     args = [x.detach().requires_grad_() for x in (r(2, 37, 3, 16), k, r(2, 37, 2, 3, 16), beta, log_gamma,
                                                     r(2, 3, 16, 16))]
     torch.library.opcheck(torch.ops.mingru.delta_rule.default, args + [16])
+    # the layer's op: the projection output (B, T, H d_k + nh H (d_k + d_v + 1)), H = 3, nh = 2
+    proj = r(2, 37, 3 * 16 + 2 * 3 * (16 + 16 + 1)).requires_grad_()
+    torch.library.opcheck(torch.ops.mingru.delta_layer.default, [proj, *args[4:], 16, 3, 2, 16, 16])
 
 
 @pytest.mark.parametrize("name", list(MIXERS) + OPS + SPLIT)

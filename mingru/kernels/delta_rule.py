@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mingru.delta import split_projection
 from mingru.dispatch import ScanFallback
 from mingru.kernels.common import cdiv, check_envelope, dot_precision, launch, next_pow2, planned, scan_op
 from mingru.kernels.triangular import _unit_lower_inverse
@@ -37,6 +38,7 @@ BS = 16     # micro-steps per block of the chunk's triangular system
 BT = 16     # tokens per block of the readout
 MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
 WARPS = 4
+NORM_EPS = tl.constexpr(1e-12)  # F.normalize's eps, for the layer's keys
 
 
 @triton.jit
@@ -102,6 +104,24 @@ def _scalars(P, off, st, sj, t, j, live, F64: tl.constexpr):
 
 
 @triton.jit
+def _keys(K, off, st, sj, t, j, live, DK, BDK: tl.constexpr, F64: tl.constexpr, RAW: tl.constexpr):
+    """Key rows; RAW: rows of the projection, L2-normalized here as F.normalize does (x / max(|x|, eps))."""
+    k = _rows(K, off, st, sj, t, j, live, DK, BDK, F64)
+    if RAW:
+        k = k / tl.maximum(tl.sqrt(tl.sum(k * k, 1)), NORM_EPS)[:, None]
+    return k
+
+
+@triton.jit
+def _betas(BETA, off, st, sj, t, j, live, F64: tl.constexpr, RAW: tl.constexpr):
+    """Write strengths; RAW: pre-activations z, turned into beta = 2 sigmoid(z) in (0, 2) here."""
+    b = _scalars(BETA, off, st, sj, t, j, live, F64)
+    if RAW:
+        b = tl.where(live, 2.0 / (1.0 + tl.exp(-b)), 0.0)
+    return b
+
+
+@triton.jit
 def _state_ptrs(P, off, DK, DV, BDK: tl.constexpr, BDV: tl.constexpr):
     rk, rv = tl.arange(0, BDK), tl.arange(0, BDV)
     return P + off + rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
@@ -126,9 +146,11 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
                     sqb, sqt, sqh, skb, skt, skj, skh, svb, svt, svj, svh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                     H, T, C, NH, N, DK, DV,
                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
-                    DECAY: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+                    DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
+                    PREC: tl.constexpr):
     """y, the final state, u (laid out as v, contiguous) and the chunk-start states (B, H, N, DK, DV)
-    of one (batch row, head) per program; y (B, T, H, DV) and the states contiguous."""
+    of one (batch row, head) per program; y (B, T, H, DV) and the states contiguous. RAW: K and BETA
+    hold the layer's projections, normalized and gated here (see `_keys`, `_betas`)."""
     pid = tl.program_id(0)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, v_off = b * sqb + h * sqh, b * skb + h * skh, b * svb + h * svh
@@ -150,15 +172,15 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
         # u by blocks of micro-steps: u_i = D_i (v_i - e^{c_i} k_i S - sum_{j<i} L_ij u_j)
         for i in range(NB):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-            K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
-            b_i = _scalars(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64)
+            K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+            b_i = _betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW)
             c_i = _cum(g, tok_i, CP)
             r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64)
             r -= _dot(K_i * tl.exp(c_i)[:, None], S, PREC)
             for j in range(i):
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-                b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+                K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+                b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
                 L = _decayed(_dot(K_i, tl.trans(K_j * b_j[:, None]), PREC), True, c_i, _cum(g, tok_j, CP))
                 r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
             u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
@@ -172,8 +194,8 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
             y = _dot(Q_b * tl.exp(c_q)[:, None], S, PREC)
             for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-                b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+                K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+                b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
                 R = _decayed(_dot(Q_b, tl.trans(K_j * b_j[:, None]), PREC), tok_j[None, :] <= tq[:, None], c_q,
                              _cum(g, tok_j, CP))
                 y += _dot(R, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
@@ -183,8 +205,8 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
         S = S * tl.exp(c_end)
         for j in range(NB):
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-            w = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64) * tl.exp(c_end - _cum(g, tok_j, CP))
+            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+            w = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW) * tl.exp(c_end - _cum(g, tok_j, CP))
             S += _dot(tl.trans(K_j * w[:, None]), _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64),
                       PREC)
     pT, _ = _state_ptrs(HT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
@@ -194,19 +216,21 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
 @triton.jit
 def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                      sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                     sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
                      H, T, C, NH, N, DK, DV,
                      BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
-                     DECAY: tl.constexpr, HAS_H0: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+                     DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
+                     PREC: tl.constexpr):
     """The gradients of `_forward_kernel`'s inputs from the cotangents of y (DY, as y) and of the final
-    state (DHT); DQ, DKK, DVO, DB, DG contiguous in the shapes of q, k, v, beta, log gamma."""
+    state (DHT): DQ, DKK, DVO, DB with their own strides (sd*), DG contiguous (B, T, H). DVO also
+    holds dr = T^{-T} du while the chunk's blocks are solved (dv = dr)."""
     pid = tl.program_id(0)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    su_t, su_j = NH * H * DV, H * DV                     # u, dv: (B, T, nh, H, DV) contiguous
+    su_t, su_j = NH * H * DV, H * DV                     # u: (B, T, nh, H, DV) contiguous
     u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
-    dk_t, dk_j = NH * H * DK, H * DK                       # dk: (B, T, nh, H, DK); dq: (B, T, H, DK)
-    dk_off, dq_off = b * T * dk_t + h * DK, b * T * H * DK + h * DK
-    db_off, dg_off = b * T * NH * H + h, b * T * H + h     # dbeta (B, T, nh, H), dlog gamma (B, T, H)
+    dq_off, dk_off, dv_off = b * sdqb + h * sdqh, b * sdkb + h * sdkh, b * sdvb + h * sdvh
+    db_off, dg_off = b * sdbb + h * sdbh, b * T * H + h   # dlog gamma: (B, T, H) contiguous
     s_off = pid.to(tl.int64) * N * DK * DV
     ptrs, smask = _state_ptrs(S0, s_off, DK, DV, BDK, BDV)
     pT, _ = _state_ptrs(DHT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
@@ -223,8 +247,8 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
         for rb in range(NB):
             j = NB - 1 - rb
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-            b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+            b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
             c_j = _cum(g, tok_j, CP)
             Kb_j = K_j * b_j[:, None]
             du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC)
@@ -235,30 +259,30 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                 du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), PREC)
             for i in range(j + 1, NB):
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-                K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
+                K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
                 L = _decayed(_dot(K_i, tl.trans(Kb_j), PREC), True, _cum(g, tok_i, CP), c_j)
-                du -= _dot(tl.trans(L), _rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
+                du -= _dot(tl.trans(L), _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
             dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
-            _put_rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, dr, BDV)
+            _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
             tl.debug_barrier()  # the earlier blocks read dr back
         dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
         dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
         # k and beta, a block of micro-steps j at a time
         for j in range(NB):
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-            b_j = _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)
+            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+            b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
             c_j = _cum(g, tok_j, CP)
             U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
-            dr_j = _rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+            dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
             Kb_j = K_j * b_j[:, None]
             dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
             db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
             dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
             for l in range(j + 1):  # j's rows of dL = -(dr u^T) e^{c_i - c_l}, l < i
                 m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
-                Kb_l = _rows(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64) * \
-                    _scalars(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64)[:, None]
+                Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
+                    _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
                 A = _decayed(-_dot(dr_j, tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64)),
                                    PREC), m_j[:, None] > m_l[None, :], c_j, _cum(g, tok_l, CP))
                 dk += _dot(A, Kb_l, PREC)
@@ -266,8 +290,8 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                     dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1)
             for i in range(j, NB):  # j's columns of dL
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-                K_i = _rows(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64)
-                A = _decayed(-_dot(_rows(DVO, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
+                K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+                A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
                                    PREC), m_i[:, None] > m_j[None, :], _cum(g, tok_i, CP), c_j)
                 dk += b_j[:, None] * _dot(tl.trans(A), K_i, PREC)
                 col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0)
@@ -293,8 +317,15 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             db += w * x
             dc -= b_j * w * x
             dce += tl.sum(b_j * w * x, 0)
-            _put_rows(DKK, dk_off, dk_t, dk_j, t_j, m_j % NH, live_j, DK, dk, BDK)
-            tl.store(DB + db_off + t_j.to(tl.int64) * NH * H + (m_j % NH) * H, db.to(DB.dtype.element_ty), mask=live_j)
+            if RAW:  # back through k = normalize(k_raw) and beta = 2 sigmoid(beta_raw)
+                raw = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+                norm = tl.sqrt(tl.sum(raw * raw, 1))
+                radial = tl.where(norm > NORM_EPS, tl.sum(K_j * dk, 1), 0.0)
+                dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
+                db = db * b_j * (1.0 - 0.5 * b_j)
+            _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
+            tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty),
+                     mask=live_j)
             if DECAY:
                 dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
         # q, a block of tokens at a time; then the state's cotangent before the chunk
@@ -308,8 +339,8 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             dc = tl.zeros([BT], tl.float64 if F64 else tl.float32)
             for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                Kb_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64) * \
-                    _scalars(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64)[:, None]
+                Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
+                    _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
                 R = _decayed(_dot(dy, tl.trans(_rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)), PREC),
                              tok_j[None, :] <= tq[:, None], c_q, _cum(g, tok_j, CP))
                 dq += _dot(R, Kb_j, PREC)
@@ -319,15 +350,15 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             dQh = _dot(dy, tl.trans(S), PREC)
             dq += e[:, None] * dQh
             dc += e * tl.sum(dQh * Q_b, 1)
-            _put_rows(DQ, dq_off, H * DK, 0, t_q, tq * 0, live_q, DK, dq, BDK)
+            _put_rows(DQ, dq_off, sdqt, 0, t_q, tq * 0, live_q, DK, dq, BDK)
             if DECAY:
                 dct += tl.sum(tl.where(tq[:, None] == s[None, :], dc[:, None], 0.0), 0)
             dS_prev += _dot(tl.trans(Q_b * e[:, None]), dy, PREC)
         for j in range(NB):
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
             dS_prev -= _dot(tl.trans(K_j * tl.exp(_cum(g, tok_j, CP))[:, None]),
-                            _rows(DVO, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+                            _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
         if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
             dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
             tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
@@ -341,24 +372,27 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
 # ---- launches ------------------------------------------------------------------------------
 
 @planned
-def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, prec):
-    """The arguments of both kernels besides the tensors: k of `shape` (B, T, nh, H, d_k), chunks of
-    C tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
+def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
+    """The forward's arguments besides the tensors: k of `shape` (B, T, nh, H, d_k), chunks of C
+    tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
     B, T, nh, H, dk = shape
     return dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
                 svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
                 **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
                 H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=max(16, next_pow2(dk)),
                 BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, BT=BT, DECAY=decay,
-                HAS_H0=has_h0, F64=f64, PREC=prec, num_warps=WARPS)
-
-
-_BACKWARD_DROPS = ("svb", "svt", "svj", "svh")  # the backward reads u, not v
+                HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec, num_warps=WARPS)
 
 
 @planned
-def _backward_args(forward):
-    return {key: value for key, value in forward.items() if key not in _BACKWARD_DROPS}
+def _backward_plan(key, dq, dk, dv, dbeta):
+    """The backward's arguments: the forward's of `key` (what `_plan` takes) without v's strides (it
+    reads u), and the strides of the gradients it writes."""
+    args = {name: value for name, value in _plan(*key).items() if not name.startswith("sv")}
+    args.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
+    for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta)):
+        args.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
+    return args
 
 
 def _rows_last(x):
@@ -366,26 +400,49 @@ def _rows_last(x):
     return x if x is None or x.stride(-1) == 1 else x.contiguous()
 
 
-def _plan_for(q, k, v, beta, log_gamma, h0, chunk_size):
-    C = min(chunk_size, q.shape[1])
-    return _plan(tuple(k.shape), v.shape[-1], C, q.stride(), k.stride(), v.stride(), beta.stride(),
-                 None if log_gamma is None else log_gamma.stride(), q.dtype == torch.float64,
-                 log_gamma is not None, h0 is not None, dot_precision())
+def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
+    return (tuple(k.shape), v.shape[-1], min(chunk_size, q.shape[1]), q.stride(), k.stride(), v.stride(),
+            beta.stride(), None if log_gamma is None else log_gamma.stride(), q.dtype == torch.float64,
+            log_gamma is not None, h0 is not None, raw, dot_precision())
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-             log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
-             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
-    h0 = None if h0 is None else h0.contiguous()
+def _run_forward(q, k, v, beta, log_gamma, h0, chunk_size, raw):
+    """(y, h_T, u, the chunk-start states); q, k, v and log_gamma with unit last strides, h0 contiguous."""
     B, T, nh, H, dk = k.shape
     dv = v.shape[-1]
-    plan = _plan_for(q, k, v, beta, log_gamma, h0, chunk_size)
+    plan = _plan(*_key(q, k, v, beta, log_gamma, h0, chunk_size, raw))
     y, hT = q.new_empty(B, T, H, dv), q.new_empty(B, H, dk, dv)
     u, starts = q.new_empty(B, T, nh, H, dv), q.new_empty(B, H, plan["N"], dk, dv)
     launch(_forward_kernel, (B * H,), plan, Q=q, K=k, V=v, BETA=beta, G=q if log_gamma is None else log_gamma,
            H0=q if h0 is None else h0, Y=y, U=u, S0=starts, HT=hT)
     return y, hT, u, starts
+
+
+def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, starts, dy, dhT, dq, dk, dv, dbeta):
+    """Fill dq, dk, dv, dbeta (any strides with a unit last one); return (dlog_gamma, dh0), empty
+    where the input is absent."""
+    B, T, nh, H, _ = k.shape
+    plan = _backward_plan(_key(q, k, v, beta, log_gamma, h0, chunk_size, raw), dq.stride(), dk.stride(),
+                          dv.stride(), dbeta.stride())
+    dg = torch.empty(log_gamma.shape, dtype=q.dtype, device=q.device) if log_gamma is not None else q.new_empty(0)
+    dh0 = torch.empty(h0.shape, dtype=q.dtype, device=q.device) if h0 is not None else q.new_empty(0)
+    launch(_backward_kernel, (B * H,), plan, Q=q, K=k, BETA=beta, G=q if log_gamma is None else log_gamma, U=u,
+           S0=starts, DY=dy.contiguous(), DHT=dhT.contiguous(), DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg,
+           DH0=dh0 if h0 is not None else q)
+    return dg, dh0
+
+
+def _contiguous(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+# -- the rule on q, k, v, beta as given (delta_rule_chunked's fused form) --
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+             log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
+             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
+    return _run_forward(q, k, v, beta, log_gamma, None if h0 is None else h0.contiguous(), chunk_size, False)
 
 
 def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -395,15 +452,8 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
                                                                                  torch.Tensor, torch.Tensor,
                                                                                  torch.Tensor, torch.Tensor]:
     q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
-    B, T, nh, H, dk = k.shape
-    plan = _backward_args(_plan_for(q, k, v, beta, log_gamma, h0, chunk_size))
-    new = lambda x: torch.empty(x.shape, dtype=x.dtype, device=x.device)  # noqa: E731  (contiguous)
-    dq, dk, dv, dbeta = new(q), new(k), new(u), new(beta)
-    dg = new(log_gamma) if log_gamma is not None else q.new_empty(0)
-    dh0 = new(h0) if h0 is not None else q.new_empty(0)
-    launch(_backward_kernel, (B * H,), plan, Q=q, K=k, BETA=beta, G=q if log_gamma is None else log_gamma, U=u,
-           S0=starts, DY=dy.contiguous(), DHT=dhT.contiguous(), DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg,
-           DH0=dh0 if h0 is not None else q)
+    dq, dk, dv, dbeta = _contiguous(q), _contiguous(k), _contiguous(v), _contiguous(beta)
+    dg, dh0 = _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, False, u, starts, dy, dhT, dq, dk, dv, dbeta)
     return dq, dk, dv, dbeta, dg, dh0
 
 
@@ -412,16 +462,51 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
 _delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=2)
 
 
+# -- the rule on the layer's projection output (DeltaMinGRU's fused form) --
+
+def _layer_forward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
+                   chunk_size: int, n_heads: int, nh: int, d_k: int,
+                   d_v: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    proj, log_gamma = proj.contiguous(), _rows_last(log_gamma)
+    return _run_forward(*split_projection(proj, n_heads, nh, d_k, d_v), log_gamma,
+                        None if h0 is None else h0.contiguous(), chunk_size, True)
+
+
+def _layer_backward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
+                    chunk_size: int, n_heads: int, nh: int, d_k: int, d_v: int, y: torch.Tensor, hT: torch.Tensor,
+                    u: torch.Tensor, starts: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor, du: torch.Tensor,
+                    dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    proj, log_gamma = proj.contiguous(), _rows_last(log_gamma)
+    dproj = _contiguous(proj)  # the four gradients land in one buffer, laid out as proj
+    dg, dh0 = _run_backward(*split_projection(proj, n_heads, nh, d_k, d_v), log_gamma, h0, chunk_size, True, u,
+                            starts, dy, dhT, *split_projection(dproj, n_heads, nh, d_k, d_v))
+    return dproj, dg, dh0
+
+
+_delta_layer = scan_op("delta_layer", _layer_forward, _layer_backward, saved=tuple(range(8)), optional=(1, 2),
+                       aux=2)
+
+
+def _check(x, others, dk, dv):
+    check_envelope(x)
+    if dk > MAX_D or dv > MAX_D:
+        raise ScanFallback(f"d_k = {dk}, d_v = {dv}: the fused kernels hold states of d_k, d_v <= {MAX_D}")
+    if x.dtype not in (torch.float32, torch.float64) or any(t is not None and t.dtype != x.dtype for t in others):
+        raise ScanFallback(f"the fused delta rule takes float32 or float64 inputs of one dtype, got {x.dtype}")
+
+
 def delta_rule(q, k, v, beta, log_gamma, h0, chunk_size):
     """The Triton path of `delta.delta_rule_chunked(..., across="fused")` on checked inputs (k, v,
     beta with their nh axis, T >= 1): (y (B, T, H, d_v), h_T (B, H, d_k, d_v)). ScanFallback outside
     float32/float64 inputs of one dtype and d_k, d_v <= MAX_D."""
-    check_envelope(q)
-    dk, dv = k.shape[-1], v.shape[-1]
-    if dk > MAX_D or dv > MAX_D:
-        raise ScanFallback(f"d_k = {dk}, d_v = {dv}: the fused kernels hold states of d_k, d_v <= {MAX_D}")
-    if q.dtype not in (torch.float32, torch.float64) or any(
-            x is not None and x.dtype != q.dtype for x in (k, v, beta, log_gamma, h0)):
-        raise ScanFallback(f"the fused delta rule takes float32 or float64 inputs of one dtype, got {q.dtype}")
+    _check(q, (k, v, beta, log_gamma, h0), k.shape[-1], v.shape[-1])
     y, hT, _, _ = _delta_rule(q, k, v, beta, log_gamma, h0, chunk_size)
+    return y, hT
+
+
+def delta_layer(proj, log_gamma, h0, chunk_size, n_heads, nh, d_k, d_v):
+    """The Triton path of `delta.delta_layer`: the rule on DeltaMinGRU's projection output, its keys
+    normalized and its write strengths gated inside the kernels, and its gradient in one buffer."""
+    _check(proj, (log_gamma, h0), d_k, d_v)
+    y, hT, _, _ = _delta_layer(proj, log_gamma, h0, chunk_size, n_heads, nh, d_k, d_v)
     return y, hT
