@@ -247,6 +247,11 @@ def scan_op(name, forward, backward, saved, optional=(), aux=0):
     def direct_forward(ctx, *inputs):  # the ctx-first form: apply() then skips binding by signature
         output = _unwrapped(forward, *inputs)
         setup_context(ctx, inputs, output)
+        # an output without a gradient reaches `grad` as None: autograd would fill it with zeros, which
+        # `cotangent` makes only where a launcher reads them (never for the `aux` outputs)
+        ctx.set_materialize_grads(False)
+        if aux:
+            ctx.mark_non_differentiable(*output[len(output) - aux:])
         return output
 
     def direct_backward(ctx, *g):
