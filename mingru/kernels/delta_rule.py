@@ -8,8 +8,9 @@ chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the
 
     T = I + L,  L[i, l] = beta_l (k_i . k_l) e^{c_i - c_l}   (l < i)
     u = T^{-1} (V - diag(e^c) K S)                            (the pseudo-values, M x d_v)
-    y_t = e^{c_t} S^T q_t + sum_{l: token(l) <= t} beta_l (q_t . k_l) e^{c_t - c_l} u_l
-    S' = e^{c_end} S + sum_l beta_l e^{c_end - c_l} k_l u_l^T
+    y_t = e^{c_t} S^T q_t + sum_l read[t, l] u_l,  read[t, l] = beta_l (q_t . k_l) e^{c_t - c_l}
+          over the micro-steps l of tokens <= t
+    S' = e^{c_end} S + Kc^T u,  Kc's rows beta_l e^{c_end - c_l} k_l
 
 The solve runs by blocks: u_i = D_i (r_i - sum_{j<i} L_ij u_j) with D_i = (I + L_ii)^{-1} from
 `triangular._unit_lower_inverse`; each u_i is written to the output u, from which the later blocks
@@ -22,6 +23,11 @@ The backward walks the chunks from the last one with the state's cotangent dS in
 then the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T
 (masked to token(l) <= t), each block's pairs recomputed where it needs them. Every product is a
 tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
+
+Two ops share the kernels: `delta_rule` takes q, k, v, beta as given (`delta_rule_chunked`'s fused
+form); `delta_layer` takes DeltaMinGRU's projection output (`delta.split_projection`), normalizes
+the keys and gates the write strengths (beta = 2 sigmoid) as it loads them (RAW), differentiates
+both in the backward, and writes the four gradients into one buffer laid out as that output.
 """
 from typing import Optional
 
