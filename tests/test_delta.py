@@ -1,6 +1,10 @@
 """DeltaMinGRU: the chunked WY form equals the token-by-token recurrence, chains, compiles,
 rejects bad input by name, and matches mingru-scans 0.2.0 from the same state_dict."""
 import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +246,37 @@ def test_fused_ops_registered_for_tracers_match_the_fast_path(triton_mode):
             results.append([y, h, *grads])
         for fast, registered in zip(*results):
             torch.testing.assert_close(fast, registered, rtol=0, atol=0)
+
+
+AOT_COMPILE = """
+import inspect, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mingru.kernels import delta_rule as fused
+key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 3, False, True, True, True, "ieee")
+for kernel, args in ((fused._forward_kernel, fused._plan(*key)),
+                     (fused._backward_kernel, fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4))):
+    params = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {name: args[name] for name in params if name in args and kernel.params[params.index(name)].is_constexpr}
+    signature = {name: "constexpr" if name in constexprs else "i32" if name in args else "*fp32" for name in params}
+    triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=args["num_warps"]))
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles and runs them (test_gpu.py)")
+def test_fused_kernels_compile_for_a_gpu_without_one():
+    """The interpreter runs the kernels' Python, not Triton's compiler: compile both for sm_90 in a
+    process without TRITON_INTERPRET (frontend, lowering and ptxas; no device needed), with every
+    switch on, at d_k = d_v = 32."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", AOT_COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode and ("ptxas" in out.stderr or "GPUTarget" in out.stderr or "ASTSource" in out.stderr):
+        pytest.skip(f"this Triton cannot compile ahead of time here: {out.stderr.strip().splitlines()[-1]}")
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-4000:]
 
 
 def test_fused_form_declines_states_above_its_tile(triton_mode):

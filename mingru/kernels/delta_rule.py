@@ -43,7 +43,8 @@ from mingru.kernels.triangular import _unit_lower_inverse
 BS = 16     # micro-steps per block of the chunk's triangular system
 BT = 16     # tokens per block of the readout
 MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
-WARPS = 4
+WARPS = 4       # d_k, d_v <= 16
+WIDE_WARPS = 8  # above: at 4 warps ptxas spills registers to local memory (sm_90), at 8 little or none
 NORM_EPS = tl.constexpr(1e-12)  # F.normalize's eps, for the layer's keys
 
 
@@ -187,7 +188,8 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
                 K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
                 b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-                L = _decayed(_dot(K_i, tl.trans(K_j * b_j[:, None]), PREC), True, c_i, _cum(g, tok_j, CP))
+                L = _decayed(_dot(K_i, tl.trans(K_j * b_j[:, None]), PREC), m_i[:, None] > m_j[None, :], c_i,
+                             _cum(g, tok_j, CP))
                 r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
             u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
             _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, u_i, BDV)
@@ -266,7 +268,7 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             for i in range(j + 1, NB):
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
                 K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-                L = _decayed(_dot(K_i, tl.trans(Kb_j), PREC), True, _cum(g, tok_i, CP), c_j)
+                L = _decayed(_dot(K_i, tl.trans(Kb_j), PREC), m_i[:, None] > m_j[None, :], _cum(g, tok_i, CP), c_j)
                 du -= _dot(tl.trans(L), _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
             dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
             _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
@@ -387,7 +389,7 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
                 **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
                 H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=max(16, next_pow2(dk)),
                 BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, BT=BT, DECAY=decay,
-                HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec, num_warps=WARPS)
+                HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec, num_warps=WARPS if max(dk, dv) <= 16 else WIDE_WARPS)
 
 
 @planned
