@@ -102,8 +102,10 @@ def _layer(data):
 def _layer_cpu(data):
     for row in data["rows"]:
         assert row["ours_status"] == "ok" and row["ours_ms"] > 0
+        assert len(row["ours_wall_rounds"]) == 2  # --quick: two rounds, each side's median of them
         if row["seed_ms"]:
             assert row["meets_goal"] == (row["seed_ms"] >= row["ours_ms"])
+            assert len(row["seed_wall_rounds"]) == 2
 
 
 def _layout(data):
