@@ -225,13 +225,14 @@ def delta_layer(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
             proj = proj.float()
             log_gamma = None if log_gamma is None else log_gamma.float()
             h_0 = None if h_0 is None else h_0.float()
-        y, h = dispatch("delta_layer", _layer_eager, proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v,
+        y, h = dispatch("delta_layer", _layer_default, proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v,
                         local=True)
     return y.to(out_dtype), h.to(out_dtype)
 
 
-def _layer_eager(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
-    """The default form on the layer's projection output."""
+def _layer_default(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
+    """The default form on the layer's projection output: keys normalized and strengths gated by torch,
+    then `delta_rule_chunked`."""
     return delta_rule_chunked(*heads(proj, n_heads, nh, d_k, d_v), log_gamma, h_0, chunk_size)
 
 
@@ -431,9 +432,10 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
     (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
     and their chaining run Triton kernels when there are two chunks or more (`delta_rule_chunked`);
-    the rest is torch code. `fused=True` (our one extra keyword) runs the fused form instead: the
-    whole rule in two Triton kernels that keep nothing of size chunk x chunk for the backward
-    (`delta_rule_chunked(..., across="fused")`; the default form where dispatch runs eager).
+    the rest is torch code. `fused=True` (our one extra keyword) runs the fused form instead
+    (`delta_layer`): the whole rule in two Triton kernels that read the projection output as it is,
+    normalize the keys and gate the strengths themselves, and keep nothing of size chunk x chunk for
+    the backward; the default form where dispatch runs eager.
     """
 
     carries_matrix_state = True
@@ -467,7 +469,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     def state_size(self):
         return self.n_heads * self.d_k * self.d_v
 
-    def _heads(self, x):
+    def _project(self, x):
         """The projection output (..., W): q, the micro-steps' k, v and beta pre-activations side by
         side (`split_projection`), from one matmul over the stacked weights."""
         return F.linear(x, *stacked_params(self.linear_q, *self.linear_k, *self.linear_v, *self.linear_beta))
@@ -504,8 +506,8 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         dt = self._prepare_decay(delta_t, (B, T))
         h = None if h_0 is None else self._state(h_0, (B, 1, self.state_size), "h_0", x)  # None: zeros
         log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
-        rule = delta_layer if self.fused else _layer_eager
-        y, h = rule(self._heads(x), log_gamma, h, self.chunk_size, self.n_heads, self.nh, self.d_k, self.d_v)
+        rule = delta_layer if self.fused else _layer_default
+        y, h = rule(self._project(x), log_gamma, h, self.chunk_size, self.n_heads, self.nh, self.d_k, self.d_v)
         y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))
         return (y, h.reshape(B, 1, self.state_size)) if return_state else y
 
@@ -516,7 +518,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         B = x_t.shape[0]
         dt = self._prepare_decay(delta_t, (B,))
         h = self._state(h_prev, (B, self.state_size), "h_prev", x_t)
-        q, k, v, beta = heads(self._heads(x_t), self.n_heads, self.nh, self.d_k, self.d_v)
+        q, k, v, beta = heads(self._project(x_t), self.n_heads, self.nh, self.d_k, self.d_v)
         h = token_update(h, k, v, beta, None if dt is None else self._decay_log_gamma(dt))
         y = torch.einsum("bhk,bhkv->bhv", q, h).reshape(B, self.n_heads * self.d_v)
         return self.out_proj(y), h.reshape(B, self.state_size)
