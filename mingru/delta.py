@@ -146,10 +146,7 @@ def _chunked(q, k, v, beta, log_gamma, h_0, chunk_size, across):
     B, T, nh, H, d_k = k.shape
     d_v = v.shape[-1]
     out_dtype = q.dtype
-    if out_dtype in (torch.float16, torch.bfloat16):  # the triangular solve needs float32
-        q, k, v, beta = (x.float() for x in (q, k, v, beta))
-        log_gamma = None if log_gamma is None else log_gamma.float()
-        h_0 = None if h_0 is None else h_0.float()
+    q, k, v, beta, log_gamma, h_0 = scans._upcast(q, k, v, beta, log_gamma, h_0)  # the solve needs float32
     if T == 0:
         h = q.new_zeros(B, H, d_k, d_v) if h_0 is None else h_0
         return q.new_zeros(B, 0, H, d_v).to(out_dtype), h.to(out_dtype)
@@ -221,10 +218,7 @@ def delta_layer(proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v):
     eager, or the kernels decline, it is the default form. Returns (y (B,T,H,d_v), h_T (B,H,d_k,d_v))."""
     out_dtype = proj.dtype
     with torch.autocast(proj.device.type, enabled=False):
-        if out_dtype in (torch.float16, torch.bfloat16):  # the rule runs in float32 (see _chunked)
-            proj = proj.float()
-            log_gamma = None if log_gamma is None else log_gamma.float()
-            h_0 = None if h_0 is None else h_0.float()
+        proj, log_gamma, h_0 = scans._upcast(proj, log_gamma, h_0)  # the rule runs in float32 (see _chunked)
         y, h = dispatch("delta_layer", _layer_default, proj, log_gamma, h_0, chunk_size, n_heads, nh, d_k, d_v,
                         local=True)
     return y.to(out_dtype), h.to(out_dtype)

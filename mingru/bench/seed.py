@@ -70,8 +70,10 @@ def mixer_cases(quick):
     shapes, width = (QUICK_SHAPES, QUICK_WIDTH) if quick else (SHAPES, WIDTH)
     names = [m for m in MIXERS if hasattr(mingru, m)]
     found = [(m, B, T, width) for m in (names[:1] if quick else names) for B, T in shapes.values()]
-    found += [] if quick else [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES]
-    return found + [(form, B, T, d) for m, B, T, d in found for form in ([] if quick else FORMS.get(m, ()))]
+    if quick:
+        return found
+    found += [("DeltaMinGRU", B, T, d) for B, T, d in DELTA_LAYER_SHAPES]
+    return found + [(form, B, T, d) for m, B, T, d in found for form in FORMS.get(m, ())]
 
 
 def op_reference(op, dims, dtype, device):

@@ -203,7 +203,7 @@ def _autograd(saved, optional, aux=0):
     are ignored and passed as empty tensors."""
     def setup_context(ctx, inputs, output):
         ctx.sizes = [i for i, x in enumerate(inputs) if isinstance(x, int)]
-        ctx.absent = [i for i in optional if inputs[i] is None] + ctx.sizes
+        ctx.absent = [i for i in optional if inputs[i] is None]
         kept = [inputs[i] for i in saved]
         ctx.kept_sizes = {j: x for j, x in enumerate(kept) if isinstance(x, int)}
         ctx.save_for_backward(*(None if j in ctx.kept_sizes else x for j, x in enumerate(kept)),
