@@ -36,6 +36,14 @@ LOG_GAMMA_FLOOR = -88.0
 SATURATION_WARN = 1e4
 # the forms of `delta_rule_chunked` (its `across`)
 ACROSS = (None, "carry", "loop", "scan", "fused")
+# DeltaMinGRU(fused=None) runs the fused form where the heads are this narrow (d_k and d_v) and each
+# program's walk is this short (T * nh micro-steps): its one program per batch row and head walks the
+# chunks in order, while the default form spreads the chunks over the GPU, so the fused form's GPU
+# time grows with the walk; at narrow heads and short walks it stays near the default's (the seed
+# table's DeltaMinGRU[fused] and DeltaMinGRU[chunked] rows measure both), with a fraction of its
+# memory and launches.
+AUTO_FUSED_WIDTH = 16
+AUTO_FUSED_STEPS = 1024
 
 
 def _micro_steps(k, v, beta):
@@ -426,21 +434,23 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
     (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
     and their chaining run Triton kernels when there are two chunks or more (`delta_rule_chunked`);
-    the rest is torch code. `fused=True` (our one extra keyword) runs the fused form instead
-    (`delta_layer`): the whole rule in two Triton kernels that read the projection output as it is,
-    normalize the keys and gate the strengths themselves, and keep nothing of size chunk x chunk for
-    the backward; the default form where dispatch runs eager.
+    the rest is torch code. The fused form (`delta_layer`) runs the whole rule in two Triton kernels
+    that read the projection output as it is, normalize the keys and gate the strengths themselves,
+    and keep nothing of size chunk x chunk for the backward; where dispatch runs eager it is the
+    default form. `fused` (our one extra keyword) chooses: None (default) by shape, the fused form
+    where d_k, d_v <= AUTO_FUSED_WIDTH and T nh <= AUTO_FUSED_STEPS (see there), else the default
+    form; True or False forces one.
     """
 
     carries_matrix_state = True
 
     def __init__(self, input_size, hidden_size, bias=True, n_heads=4, nh=1, d_k=None, d_v=None,
-                 chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False, fused=False):
+                 chunk_size=64, decay=None, decay_rate=1.0, log1p_delta=False, fused=None):
         super().__init__()
         check_sizes("DeltaMinGRU", input_size=input_size, hidden_size=hidden_size, n_heads=n_heads, nh=nh,
                     chunk_size=chunk_size, d_k=1 if d_k is None else d_k, d_v=1 if d_v is None else d_v)
-        if not isinstance(fused, bool):
-            raise TypeError(f"fused must be a bool, got {fused!r}")
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"fused must be None (chosen by shape), True or False, got {fused!r}")
         if d_k is None and hidden_size % n_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by n_heads ({n_heads}) "
                              "when d_k is not given (d_k defaults to hidden_size // n_heads)")
@@ -500,10 +510,16 @@ class DeltaMinGRU(DecayMixin, nn.Module):
         dt = self._prepare_decay(delta_t, (B, T))
         h = None if h_0 is None else self._state(h_0, (B, 1, self.state_size), "h_0", x)  # None: zeros
         log_gamma = None if dt is None else self._log_gamma(dt, (B, T))
-        rule = delta_layer if self.fused else _layer_default
+        rule = delta_layer if self.fuses(T) else _layer_default
         y, h = rule(self._project(x), log_gamma, h, self.chunk_size, self.n_heads, self.nh, self.d_k, self.d_v)
         y = self.out_proj(y.reshape(B, T, self.n_heads * self.d_v))
         return (y, h.reshape(B, 1, self.state_size)) if return_state else y
+
+    def fuses(self, T):
+        """Whether `forward` over T tokens runs the fused form (`fused`, or by shape when None)."""
+        if self.fused is not None:
+            return self.fused
+        return max(self.d_k, self.d_v) <= AUTO_FUSED_WIDTH and T * self.nh <= AUTO_FUSED_STEPS
 
     @torch.no_grad()
     def step(self, x_t, h_prev=None, delta_t=None):

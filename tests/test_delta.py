@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from gradutil import outputs_and_grads
 import seedrun
-from mingru import dispatch
+from mingru import delta, dispatch
 from mingru.delta import DeltaMinGRU, delta_rule_chunked, delta_rule_recurrent
 
 f64 = torch.float64
@@ -290,6 +290,25 @@ def test_fused_form_declines_states_above_its_tile(triton_mode):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+def test_fused_by_shape(monkeypatch):
+    """fused=None: the fused form for narrow heads and short walks, the default form elsewhere; the
+    keyword forces either; forward runs the chosen one."""
+    width, steps = delta.AUTO_FUSED_WIDTH, delta.AUTO_FUSED_STEPS
+    narrow, wide = DeltaMinGRU(8, 2 * width, n_heads=2), DeltaMinGRU(8, 4 * width, n_heads=2)
+    assert narrow.fuses(steps) and not narrow.fuses(steps + 1) and not wide.fuses(1)
+    assert not DeltaMinGRU(8, 2 * width, n_heads=2, nh=2).fuses(steps // 2 + 1)
+    assert DeltaMinGRU(8, 2 * width, n_heads=2, nh=2).fuses(steps // 2)
+    assert DeltaMinGRU(8, 4 * width, n_heads=2, fused=True).fuses(10 * steps)
+    assert not DeltaMinGRU(8, 2 * width, n_heads=2, fused=False).fuses(1)
+    ran, default = [], delta._layer_default
+    monkeypatch.setattr(delta, "delta_layer", lambda *a: ran.append("fused") or default(*a))
+    monkeypatch.setattr(delta, "_layer_default", lambda *a: ran.append("default") or default(*a))
+    narrow(torch.randn(1, 3, 8))
+    narrow(torch.randn(1, steps + 1, 8))
+    wide(torch.randn(1, 3, 8))
+    assert ran == ["fused", "default", "default"]
+
+
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="n_heads"):
         DeltaMinGRU(4, 10, n_heads=4)
@@ -298,7 +317,7 @@ def test_bad_input_names_the_argument():
             DeltaMinGRU(4, 8, **{name: 0})
     with pytest.raises(ValueError, match="decay"):
         DeltaMinGRU(4, 8, decay="linear")
-    with pytest.raises(TypeError, match="fused must be a bool"):
+    with pytest.raises(TypeError, match="fused must be None"):
         DeltaMinGRU(4, 8, fused="yes")
     m = DeltaMinGRU(4, 8, n_heads=2)
     with pytest.raises(ValueError, match="x must have shape"):

@@ -22,11 +22,14 @@ MIXERS = {
     "RotationMinGRU": lambda: mingru.RotationMinGRU(32, 64),
     "GivensMinGRU": lambda: mingru.GivensMinGRU(32, 64),
     "GivensMinGRU-generic": lambda: mingru.GivensMinGRU(32, 64, fused=False),
-    "DeltaMinGRU": lambda: mingru.DeltaMinGRU(32, 64),  # T = 100: two chunks, the kernels' solve and chain
-    "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, chunk_size=128),  # the carried form
+    "DeltaMinGRU": lambda: mingru.DeltaMinGRU(32, 64),  # d_k = 16, T = 100: chosen by shape (the fused form)
+    # T = 100: two chunks, the kernels' solve and chain; T = 50 one chunk, the carried form's inverse kernel
+    "DeltaMinGRU-chunked": lambda: mingru.DeltaMinGRU(32, 64, fused=False),
+    "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, fused=False),
     "DeltaMinGRU-fused": lambda: mingru.DeltaMinGRU(32, 64, fused=True),  # two chunks in the fused kernels
     "DeltaMinGRU-fused-nh2": lambda: mingru.DeltaMinGRU(32, 64, nh=2, chunk_size=32, fused=True),  # 4 chunks
 }
+LENGTH = {"DeltaMinGRU-one-chunk": 50}  # T of a mixer's input (100 unless named here)
 OPS = ["linear_scan", "linear_recurrence", "parallel_scan_log", "gated_recurrence", "gated_recurrence_stacked",
        "signed_recurrence_stacked", "matrix_scan", "matrix_affine_scan", "matrix_recurrence", "rotation_recurrence"]
 # the diagonal ops over T = 300 with two lanes: the planner splits time, so they run the single pass
@@ -59,7 +62,7 @@ def _case(name):
     torch.manual_seed(0)
     if name in MIXERS:
         model = MIXERS[name]().cuda()
-        x = torch.randn(4, 100, 32, device="cuda", requires_grad=True)
+        x = torch.randn(4, LENGTH.get(name, 100), 32, device="cuda", requires_grad=True)
         return model, [x], [x, *model.parameters()]
     op, _, T = name.partition("@T")
     inputs = _op_args(int(T or 37))[op]

@@ -69,7 +69,7 @@ def mixer(name, dims):
 
     The one place that calls the mixers' constructors: MinGRU and SignedMinGRU take
     (input_size, hidden_size); Givens' path, block size (k) and rounds (L Givens layers) are keywords;
-    a path in brackets is the `fused` keyword ('DeltaMinGRU[fused]': its fused form).
+    a path in brackets sets the `fused` keyword: '[fused]' True, any other ('[generic]', '[chunked]') False.
     """
     base, _, path = name.partition("[")
     kwargs = {"fused": path.startswith("fused")} if path else {}

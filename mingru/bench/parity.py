@@ -46,7 +46,7 @@ WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no p
 # DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and inverses, the wide
 # matrix_recurrence that chains them; the fused form's two kernels) are not scans of their own in the
 # speed tables
-MIXERS = cases.MIXERS + ("DeltaMinGRU", "DeltaMinGRU[fused]")
+MIXERS = cases.MIXERS + ("DeltaMinGRU[chunked]", "DeltaMinGRU[fused]")
 FAMILY = {"parallel_scan_log": "log", "gated_recurrence": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
           "GivensMinGRU[fused]": "rotation", "RotationMinGRU": "rotation"}
 
@@ -122,7 +122,7 @@ def grid(quick):
         # 4 heads: d_k = 8 chains on the narrow matrix kernel, d_k = 32 on the wide one; T = 33 is
         # one chunk (carried: the triangular inverse kernel against eager solves), T = 300 five
         for T, d in ((33, 128), (300, 32), (300, 128)):
-            yield "DeltaMinGRU", dict(B=2, T=T, d=d), dtype
+            yield "DeltaMinGRU[chunked]", dict(B=2, T=T, d=d), dtype
         # the fused form (two kernels for the whole rule): one chunk, and five with d_k = 8 and 32
         for T, d in ((33, 128), (300, 32), (300, 128)):
             yield "DeltaMinGRU[fused]", dict(B=2, T=T, d=d), dtype

@@ -32,7 +32,7 @@ AFFINE_KV = ((4, 4), (8, 8), (16, 16), (8, 1))  # (8, 1) is GivensMinGRU's gener
 MIXERS = ("MinGRU", "SignedMinGRU", "RotationMinGRU", "GivensMinGRU", "DeltaMinGRU")
 DELTA_LAYER_SHAPES = ((16, 1024, 256), (4, 4096, 256))
 # our forms measured beside a mixer's default, at each of its shapes, against the same class of the seed
-FORMS = {"DeltaMinGRU": ("DeltaMinGRU[fused]",)}
+FORMS = {"DeltaMinGRU": ("DeltaMinGRU[fused]", "DeltaMinGRU[chunked]")}
 DTYPES = ("float32", "bfloat16")
 TOLERANCE = {  # against float64 on the same (rounded) inputs, normwise: rtol times the tensor's largest entry
     "float32": timing.gate((1e-4, 1e-4), (1e-3, 1e-3), True, True,

@@ -625,10 +625,13 @@ def matrix_scan(M, b):
     return _matrix_scan(M, b)
 
 
+def recurrence_sizes(k):
+    """The k and v that matrix_recurrence has a kernel for at block size k: wide.WIDE_SIZES (the wide
+    kernel) when k is one of them, else BLOCK_SIZES (these narrow kernels)."""
+    return wide.WIDE_SIZES if k in wide.WIDE_SIZES else BLOCK_SIZES
+
+
 def matrix_recurrence(A, X, h0=None):
-    """k, v <= 16: these narrow kernels; k, v in wide.WIDE_SIZES: the wide kernel."""
-    if A.shape[-1] in wide.WIDE_SIZES:
-        _check(A, X, X.shape[-1], wide.WIDE_SIZES)
-        return wide.matrix_recurrence(A, X, h0)
-    _check(A, X, X.shape[-1])
-    return _matrix_recurrence(A, X, h0)
+    sizes = recurrence_sizes(A.shape[-1])
+    _check(A, X, X.shape[-1], sizes)
+    return (wide.matrix_recurrence if sizes is wide.WIDE_SIZES else _matrix_recurrence)(A, X, h0)
