@@ -136,6 +136,11 @@ def test_compiles_without_graph_breaks():
 
 # --- the fused kernels (mingru.kernels.delta_rule) through the interpreter ------------------------
 
+# the interpreter computes float64 exactly on CPU tensors; on a GPU the compiled kernels are tested in
+# float32 (test_fused_kernels_on_gpu_against_float64) and under torch.compile (tests/test_gpu.py)
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests on CPU tensors")
+
+
 @pytest.mark.parametrize("B, T, H, d_k, d_v, nh, chunk_size, gated, start", [
     (2, 13, 3, 5, 4, 1, 5, False, True),     # three chunks, the last one short; d_k, d_v below the tile
     (2, 13, 3, 5, 4, 2, 4, True, False),     # DeltaProduct, decay, a zero start
@@ -143,6 +148,7 @@ def test_compiles_without_graph_breaks():
     (1, 41, 1, 16, 8, 3, 20, True, True),    # M = 60 micro-steps: four blocks, token blocks astride them
     (1, 20, 2, 8, 8, 1, 64, False, False),   # one chunk (the seed's lab case at small size)
 ], ids=["3-chunks", "nh2-gated-zero-start", "one-block", "nh3-four-blocks", "one-chunk"])
+@interpreted
 def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated, start, triton_mode):
     q, k, v, beta, h_0, *lg = _inputs(B, T, H, d_k, d_v, nh, gated)
     if not start:
@@ -165,6 +171,7 @@ def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated,
 
 @pytest.mark.parametrize("kwargs", [dict(nh=1, chunk_size=16), dict(nh=2, chunk_size=5, decay="learnable")],
                          ids=["deltanet", "deltaproduct-decay"])
+@interpreted
 def test_fused_layer_equals_eager_in_float64(kwargs, triton_mode):
     """The layer's kernels (keys normalized, strengths gated and both differentiated inside) against
     the eager mixer in float64: outputs, state, the input's and every weight's gradient."""
@@ -188,6 +195,7 @@ def test_fused_layer_equals_eager_in_float64(kwargs, triton_mode):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@interpreted
 def test_fused_mixer_float32_and_chained_state(triton_mode):
     """DeltaMinGRU(fused=True) in float32 against the float64 eager mixer, with decay, a returned
     state and its chaining: outputs, the state and every weight's gradient."""
@@ -228,6 +236,7 @@ def test_fused_kernels_on_gpu_against_float64(d_k, d_v, monkeypatch):
         torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=1e-4 * b.abs().max().item())
 
 
+@interpreted
 def test_fused_ops_registered_for_tracers_match_the_fast_path(triton_mode):
     """Eager calls run an autograd.Function over the launchers; torch.compile traces the registered
     ops mingru::delta_rule and mingru::delta_layer (sizes as int inputs, u and the chunk-start states
@@ -279,6 +288,7 @@ def test_fused_kernels_compile_for_a_gpu_without_one():
     assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-4000:]
 
 
+@interpreted
 def test_fused_form_declines_states_above_its_tile(triton_mode):
     q, k, v, beta, h_0 = _inputs(1, 3, 1, 72, 4, 1, False)
     with pytest.raises(RuntimeError, match="d_k = 72"):
