@@ -104,6 +104,16 @@ def test_seed_goal_is_judged_from_the_data(seed_gpu, seed_wall, ours_peak, seed_
     assert row["meets_goal"] is expected
 
 
+def test_seed_bound_is_the_least_bytes_at_copy_bandwidth():
+    inputs = (torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bfloat16))  # 24 + 12 bytes in
+    job = {"inputs": inputs, "want_out": (torch.ones(5), None)}           # 5 outputs of 2 bytes out
+    for direction, least in (("fwd", 36 + 10), ("fwd+bwd", 3 * 36 + 2 * 10)):
+        row = seed.bound({"dtype": "bfloat16", "direction": direction, "seed_gpu_us": 4.0}, job, copy_gbps=1.0)
+        assert row["bound_gpu_us"] == pytest.approx(least / 1e3)
+        assert row["x_bound"] == pytest.approx(4.0 / (least / 1e3))
+    assert seed.bound({"dtype": "float32", "direction": "fwd", "seed_gpu_us": None}, job, 1.0)["x_bound"] is None
+
+
 def test_missing_seed_means_not_measured(monkeypatch, tmp_path):
     monkeypatch.setattr(places, "SEED", tmp_path / "absent")
     got, why = seed.run_seed([], "cpu")

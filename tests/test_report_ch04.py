@@ -45,6 +45,9 @@ def test_seed_rows_say_why_a_row_misses():
     summary = report.seed_summary(data, mixers=True)
     assert (summary["met"], summary["judged"], summary["not_judged"]) == (0, 1, 1)
     assert summary["short_by"] == {"GPU": 1, "wall": 1, "memory": 1}
+    op = {**row, "op": "matrix_affine_scan", "shape": "lab", "ours_peak_mb": None, "x_wall": 1.0, "x_bound": 2.5}
+    assert report.seed_rows({"rows": [op], "env": _env()})[0]["short_of"] == \
+        "GPU 1.50x < 2 (2x needs 80 % of copy bandwidth)"
 
 
 def test_peers_summary_counts_both_clocks_and_layouts():

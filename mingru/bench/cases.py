@@ -165,3 +165,10 @@ def step(job, cotangents, fn=None):
 
 def nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def least_bytes(in_bytes, out_bytes, direction):
+    """The bytes any implementation must move: the forward reads every input once and writes every
+    output once; the backward reads the cotangents and the inputs once and writes one gradient per
+    input. So fwd = in + out and fwd+bwd = 3 in + 2 out."""
+    return in_bytes + out_bytes if direction == "fwd" else 3 * in_bytes + 2 * out_bytes

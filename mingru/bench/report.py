@@ -171,7 +171,7 @@ def speed_summary(data):
 
 
 SEED_COLUMNS = ["op", "shape", "dims", "dtype", "direction", "ours_us", "seed_us", "x_wall", "ours_gpu_us",
-                "seed_gpu_us", "x_gpu", "meets", "short_of"]
+                "seed_gpu_us", "x_gpu", "x_bound", "meets", "short_of"]
 SEED_MIXER_COLUMNS = ["op", "dims", "ours_us", "seed_us", "x_wall", "ours_gpu_us", "seed_gpu_us", "x_gpu",
                       "ours_peak_mb", "seed_peak_mb", "meets", "short_of"]
 
@@ -183,7 +183,8 @@ def _seed_reason(r):
         return listing(bad, "no GPU clock in this run")
     why = []
     if r["x_gpu"] < 2:
-        why.append(f"GPU {times(r['x_gpu'])}x < 2")
+        at = f" (2x needs {200 / r['x_bound']:.0f} % of copy bandwidth)" if _num(r.get("x_bound")) else ""
+        why.append(f"GPU {times(r['x_gpu'])}x < 2{at}")
     if r["x_wall"] < 1:
         why.append(f"wall {times(r['x_wall'])}x < 1")
     if _num(r.get("ours_peak_mb")) and _num(r.get("seed_peak_mb")) and r["ours_peak_mb"] > r["seed_peak_mb"]:

@@ -1,8 +1,6 @@
 """Roofline: achieved GB/s of the diagonal Triton kernels against this run's copy bandwidth.
 
-Bytes are the minimum any implementation must move: forward reads every input once and writes
-every output once; backward reads the cotangents and the inputs once and writes one gradient per
-input. So fwd = in + out and fwd+bwd = 3 in + 2 out.
+Bytes are the minimum any implementation must move (`cases.least_bytes`).
 """
 import torch
 
@@ -40,9 +38,7 @@ def point(op, B, T, D, direction, device, copy_gbps, quick):
     with torch.no_grad(), scan_impl("eager"):
         outs = cases.outputs(job.fn, job.inputs)
     cot = None if direction == "fwd" else cases.cotangents_for(outs)
-    row["bytes"] = cases.nbytes(inputs) + cases.nbytes(outs)
-    if cot is not None:
-        row["bytes"] += 2 * cases.nbytes(inputs) + cases.nbytes(outs)
+    row["bytes"] = cases.least_bytes(cases.nbytes(inputs), cases.nbytes(outs), direction)
     status = "ok"
     try:
         with scan_impl("triton"):

@@ -280,7 +280,21 @@ def measure(device, quick, env, keep=lambda name: True):
             mine = ours(job, device)
             alternate_wall(theirs, seed_got, mine, rounds)
             rows.append(compare(row, mine, seed_got, memory=job["kind"] == "module"))
+            if job["kind"] == "op":
+                bound(row, job, env["copy_gbps"])
     return rows
+
+
+def bound(row, job, copy_gbps):
+    """An op row's bound_gpu_us, the GPU time of a kernel that moves the least bytes
+    (`cases.least_bytes`) at this run's copy bandwidth, and x_bound = seed / that time: the x_gpu of a
+    kernel streaming at copy bandwidth, so x_gpu >= 2 needs 200 / x_bound % of it. The copy rate is
+    DRAM's: inputs small enough to stay in L2 between calls can go faster."""
+    size = getattr(torch, row["dtype"]).itemsize
+    out = sum(x.numel() for x in job["want_out"] if x is not None) * size
+    row["bound_gpu_us"] = cases.least_bytes(cases.nbytes(job["inputs"]), out, row["direction"]) / (copy_gbps * 1e3)
+    row["x_bound"] = row["seed_gpu_us"] / row["bound_gpu_us"] if row.get("seed_gpu_us") else None
+    return row
 
 
 def alternate_wall(theirs, seed_got, mine, rounds):
@@ -308,7 +322,7 @@ def summarize(rows, env):
         "goal": GOAL,
         "tolerances": TOLERANCE,
         "columns": ["op", "shape", "dims", "dtype", "direction", "ours_us", "seed_us", "x_wall", "ours_gpu_us",
-                    "seed_gpu_us", "x_gpu", "ours_peak_mb", "seed_peak_mb", "meets_goal", "ours_status",
+                    "seed_gpu_us", "x_gpu", "x_bound", "ours_peak_mb", "seed_peak_mb", "meets_goal", "ours_status",
                     "seed_status"],
         "notes": ["ours: MINGRU_SCAN=auto in this process; seed: mingru-scans "
                   f"{VERSION['seed'] or '(not measured)'} in a separate process, same tensors, same code path; the two "
@@ -320,6 +334,9 @@ def summarize(rows, env):
                   "durations from a torch.profiler trace; x_* = seed / ours (above 1: ours faster)",
                   "every side checked against float64 before timing (ops: the eager scan in float64 on the "
                   "same inputs; mixers: the same module in float64, eager); a mismatch is a status, not a time",
+                  "x_bound (ops): the seed's GPU time over that of a kernel moving the least bytes (each input "
+                  "and output once; fwd+bwd: 3 in + 2 out) at this run's copy bandwidth: the x_gpu of a kernel "
+                  "streaming at the DRAM copy rate (inputs that stay in L2 between calls can go faster)",
                   f"meets_goal: {GOAL}",
                   "rows short of the goal: " + ("; ".join(short) or "none")],
     }
