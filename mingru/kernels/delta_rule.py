@@ -14,14 +14,16 @@ chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the
 
 The solve runs by blocks: u_i = D_i (r_i - sum_{j<i} L_ij u_j) with D_i = (I + L_ii)^{-1} from
 `triangular._unit_lower_inverse`; each u_i is written to the output u, from which the later blocks
-(and the readout) read it back. The forward writes y, the final state, u and the state at each
-chunk start: what the backward keeps (the inputs, u and N states: nothing of size M x M).
+read it back. The readout's rows sit at micro-steps too: token t's query at its last micro-step,
+zero rows at the others (`_queries`), so that L and read share their blocks' operands, each pair of
+blocks (i, j <= i) loaded once for both. The forward writes y, the final state, u and the state at
+each chunk start: what the backward keeps (the inputs, u and N states: nothing of size M x M).
 
 The backward walks the chunks from the last one with the state's cotangent dS in registers:
     du = read^T dy + Kc dS',  dr = T^{-T} du (by blocks from the last),  dv = dr,
     dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - (diag(e^c) K)^T dr,
 then the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T
-(masked to token(l) <= t), each block's pairs recomputed where it needs them. Every product is a
+(masked to token(l) <= t), a block's row pairs and column pairs recomputed where it needs them. Every product is a
 tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
 
 Two ops share the kernels: `delta_rule` takes q, k, v, beta as given (`delta_rule_chunked`'s fused
@@ -41,7 +43,6 @@ from mingru.kernels.common import cdiv, check_envelope, dot_precision, launch, n
 from mingru.kernels.triangular import _unit_lower_inverse
 
 BS = 16     # micro-steps per block of the chunk's triangular system
-BT = 16     # tokens per block of the readout
 MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
 WARPS = 4       # d_k, d_v <= 16
 WIDE_WARPS = 8  # above: at 4 warps ptxas spills registers to local memory (sm_90), at 8 little or none
@@ -64,11 +65,11 @@ def _micro(n, blk, C, NH, T, BS: tl.constexpr):
 
 
 @triton.jit
-def _tokens(n, tb, C, T, BT: tl.constexpr):
-    """Tokens of readout block tb of chunk n: (token in the chunk, token in the sequence, live)."""
-    tq = tb * BT + tl.arange(0, BT)
-    t = n * C + tq
-    return tq, t, (tq < C) & (t < T)
+def _queries(Q, off, st, t, m, live, NH, DK, BDK: tl.constexpr, F64: tl.constexpr):
+    """The readout's rows at micro-steps m: q of token t at the last micro-step of each token (live_q),
+    zero rows elsewhere; (the rows, live_q)."""
+    live_q = live & (m % NH == NH - 1)
+    return _rows(Q, off, st, 0, t, m * 0, live_q, DK, BDK, F64), live_q
 
 
 @triton.jit
@@ -152,7 +153,7 @@ def _diagonal_inverse(Kb, bb, cb, m, BS: tl.constexpr, PREC: tl.constexpr):
 def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
                     sqb, sqt, sqh, skb, skt, skj, skh, svb, svt, svj, svh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                     H, T, C, NH, N, DK, DV,
-                    BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
+                    BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                     DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                     PREC: tl.constexpr):
     """y, the final state, u (laid out as v, contiguous) and the chunk-start states (B, H, N, DK, DV)
@@ -172,51 +173,39 @@ def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
     else:
         S = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
     NB = tl.cdiv(C * NH, BS)
-    NTB = tl.cdiv(C, BT)
     for n in range(N):
         tl.store(ptrs + n * DK * DV, S.to(S0.dtype.element_ty), mask=smask)
         g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
-        # u by blocks of micro-steps: u_i = D_i (v_i - e^{c_i} k_i S - sum_{j<i} L_ij u_j)
+        c_end = tl.sum(g, 0)
+        S_end = S * tl.exp(c_end)
+        # block i of the solve, u_i = D_i (v_i - e^{c_i} k_i S - sum_{j<i} L_ij u_j), and of the readout
+        # (its queries): each earlier block's keys and u are loaded once for both
         for i in range(NB):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
             K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
             b_i = _betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW)
             c_i = _cum(g, tok_i, CP)
-            r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64)
-            r -= _dot(K_i * tl.exp(c_i)[:, None], S, PREC)
+            Q_i, live_q = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+            e_i = tl.exp(c_i)[:, None]
+            r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64) - _dot(K_i * e_i, S, PREC)
+            y = _dot(Q_i * e_i, S, PREC)
             for j in range(i):
                 m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-                b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-                L = _decayed(_dot(K_i, tl.trans(K_j * b_j[:, None]), PREC), m_i[:, None] > m_j[None, :], c_i,
-                             _cum(g, tok_j, CP))
-                r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+                Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
+                    _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
+                U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+                E = tl.exp(c_i[:, None] - _cum(g, tok_j, CP)[None, :])  # every pair of an earlier block: <= 1
+                r -= _dot(_dot(K_i, tl.trans(Kb_j), PREC) * E, U_j, PREC)
+                y += _dot(_dot(Q_i, tl.trans(Kb_j), PREC) * E, U_j, PREC)
+            Kb_i = K_i * b_i[:, None]
             u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
             _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, u_i, BDV)
-            tl.debug_barrier()  # the later blocks read u_i back
-        # the readout, a block of tokens at a time, over the micro-steps of its tokens and before
-        for tb in range(NTB):
-            tq, t_q, live_q = _tokens(n, tb, C, T, BT)
-            Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
-            c_q = _cum(g, tq, CP)
-            y = _dot(Q_b * tl.exp(c_q)[:, None], S, PREC)
-            for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
-                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-                b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-                R = _decayed(_dot(Q_b, tl.trans(K_j * b_j[:, None]), PREC), tok_j[None, :] <= tq[:, None], c_q,
-                             _cum(g, tok_j, CP))
-                y += _dot(R, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
-            _put_rows(Y, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, y, BDV)
-        # the chunk's end state
-        c_end = tl.sum(g, 0)
-        S = S * tl.exp(c_end)
-        for j in range(NB):
-            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-            w = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW) * tl.exp(c_end - _cum(g, tok_j, CP))
-            S += _dot(tl.trans(K_j * w[:, None]), _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64),
+            y += _dot(_decayed(_dot(Q_i, tl.trans(Kb_i), PREC), tok_i[None, :] <= tok_i[:, None], c_i, c_i), u_i,
                       PREC)
+            _put_rows(Y, y_off, H * DV, 0, t_i, m_i * 0, live_q, DV, y, BDV)
+            S_end += _dot(tl.trans(Kb_i * tl.exp(c_end - c_i)[:, None]), u_i, PREC)
+            tl.debug_barrier()  # the later blocks read u_i back
+        S = S_end
     pT, _ = _state_ptrs(HT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
     tl.store(pT, S.to(HT.dtype.element_ty), mask=smask)
 
@@ -226,7 +215,7 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                      sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                      sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
                      H, T, C, NH, N, DK, DV,
-                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr, BT: tl.constexpr,
+                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                      DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                      PREC: tl.constexpr):
     """The gradients of `_forward_kernel`'s inputs from the cotangents of y (DY, as y) and of the final
@@ -244,14 +233,14 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
     pT, _ = _state_ptrs(DHT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
     dS = tl.load(pT, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
     NB = tl.cdiv(C * NH, BS)
-    NTB = tl.cdiv(C, BT)
     s = tl.arange(0, CP)
     for back in range(N):
         n = N - 1 - back
         S = tl.load(ptrs + n * DK * DV, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
         g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
         c_end = tl.sum(g, 0)
-        # dr = T^{-T} du by blocks from the last: dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i)
+        # dr = T^{-T} du by blocks from the last: dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i), du_j
+        # gathering the readout's columns j from the queries of blocks i >= j
         for rb in range(NB):
             j = NB - 1 - rb
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
@@ -259,65 +248,72 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
             b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
             c_j = _cum(g, tok_j, CP)
             Kb_j = K_j * b_j[:, None]
-            du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC)
-            for tb in range((j * BS // NH) // BT, NTB):
-                tq, t_q, live_q = _tokens(n, tb, C, T, BT)
-                R = _decayed(_dot(_rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64), tl.trans(Kb_j), PREC),
-                             tok_j[None, :] <= tq[:, None], _cum(g, tq, CP), c_j)
-                du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), PREC)
+            Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
+            R = _decayed(_dot(Q_j, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_j[:, None], c_j, c_j)
+            du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC) + \
+                _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64), PREC)
             for i in range(j + 1, NB):
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
                 K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-                L = _decayed(_dot(K_i, tl.trans(Kb_j), PREC), m_i[:, None] > m_j[None, :], _cum(g, tok_i, CP), c_j)
-                du -= _dot(tl.trans(L), _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
+                Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+                E = tl.exp(_cum(g, tok_i, CP)[:, None] - c_j[None, :])
+                du += _dot(tl.trans(_dot(Q_i, tl.trans(Kb_j), PREC) * E),
+                           _rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), PREC)
+                du -= _dot(tl.trans(_dot(K_i, tl.trans(Kb_j), PREC) * E),
+                           _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
             dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
             _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
             tl.debug_barrier()  # the earlier blocks read dr back
         dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
         dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
-        # k and beta, a block of micro-steps j at a time
+        dS_prev = dS * tl.exp(c_end)
+        # k, beta and q, a block of micro-steps j at a time: its rows and columns of dL = -(dr u^T)
+        # e^{c_i - c_l} (l < i) and of dread = dy u^T e^{c_t - c_l} (token(l) <= t, queries at micro-steps)
         for j in range(NB):
             m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
             K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
             b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
             c_j = _cum(g, tok_j, CP)
+            Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
+            dy_j = _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64)
             U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
             dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
-            Kb_j = K_j * b_j[:, None]
             dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+            dq = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
             db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
             dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
-            for l in range(j + 1):  # j's rows of dL = -(dr u^T) e^{c_i - c_l}, l < i
+            for l in range(j + 1):  # rows j: the pairs with the blocks l <= j
                 m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
                 Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
                     _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
-                A = _decayed(-_dot(dr_j, tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64)),
-                                   PREC), m_j[:, None] > m_l[None, :], c_j, _cum(g, tok_l, CP))
+                U_l = tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64))
+                c_l = _cum(g, tok_l, CP)
+                A = _decayed(-_dot(dr_j, U_l, PREC), m_j[:, None] > m_l[None, :], c_j, c_l)
+                R = _decayed(_dot(dy_j, U_l, PREC), tok_l[None, :] <= tok_j[:, None], c_j, c_l)
                 dk += _dot(A, Kb_l, PREC)
+                dq += _dot(R, Kb_l, PREC)
                 if DECAY:
-                    dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1)
-            for i in range(j, NB):  # j's columns of dL
+                    dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1) + tl.sum(R * _dot(Q_j, tl.trans(Kb_l), PREC), 1)
+            for i in range(j, NB):  # columns j: the pairs with the blocks i >= j
                 m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
                 K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+                Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+                c_i = _cum(g, tok_i, CP)
                 A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
-                                   PREC), m_i[:, None] > m_j[None, :], _cum(g, tok_i, CP), c_j)
-                dk += b_j[:, None] * _dot(tl.trans(A), K_i, PREC)
-                col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0)
-                db += col
-                dc -= b_j * col
-            for tb in range((j * BS // NH) // BT, NTB):  # j's columns of dread = dy u^T, token(l) <= t
-                tq, t_q, live_q = _tokens(n, tb, C, T, BT)
-                Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
-                R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64), tl.trans(U_j), PREC),
-                             tok_j[None, :] <= tq[:, None], _cum(g, tq, CP), c_j)
-                dk += b_j[:, None] * _dot(tl.trans(R), Q_b, PREC)
-                col = tl.sum(R * _dot(Q_b, tl.trans(K_j), PREC), 0)
+                                   PREC), m_i[:, None] > m_j[None, :], c_i, c_j)
+                R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), tl.trans(U_j),
+                                  PREC), tok_j[None, :] <= tok_i[:, None], c_i, c_j)
+                dk += b_j[:, None] * (_dot(tl.trans(A), K_i, PREC) + _dot(tl.trans(R), Q_i, PREC))
+                col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0) + tl.sum(R * _dot(Q_i, tl.trans(K_j), PREC), 0)
                 db += col
                 dc -= b_j * col
             e = tl.exp(c_j)
             dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
             dk += e[:, None] * dKh
-            dc += e * tl.sum(dKh * K_j, 1)
+            dQh = _dot(dy_j, tl.trans(S), PREC)               # through e^{c} q in the readout
+            dq += e[:, None] * dQh
+            dc += e * (tl.sum(dKh * K_j, 1) + tl.sum(dQh * Q_j, 1))
+            dS_prev += _dot(tl.trans(Q_j * e[:, None]), dy_j, PREC) - _dot(tl.trans(K_j * e[:, None]), dr_j, PREC)
             w = tl.exp(c_end - c_j)
             dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
             x = tl.sum(dKc * K_j, 1)
@@ -332,41 +328,11 @@ def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
                 dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
                 db = db * b_j * (1.0 - 0.5 * b_j)
             _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
+            _put_rows(DQ, dq_off, sdqt, 0, t_j, m_j * 0, live_q, DK, dq, BDK)
             tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty),
                      mask=live_j)
             if DECAY:
                 dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
-        # q, a block of tokens at a time; then the state's cotangent before the chunk
-        dS_prev = dS * tl.exp(c_end)
-        for tb in range(NTB):
-            tq, t_q, live_q = _tokens(n, tb, C, T, BT)
-            Q_b = _rows(Q, q_off, sqt, 0, t_q, tq * 0, live_q, DK, BDK, F64)
-            dy = _rows(DY, y_off, H * DV, 0, t_q, tq * 0, live_q, DV, BDV, F64)
-            c_q = _cum(g, tq, CP)
-            dq = tl.zeros([BT, BDK], tl.float64 if F64 else tl.float32)
-            dc = tl.zeros([BT], tl.float64 if F64 else tl.float32)
-            for j in range(tl.cdiv(tl.minimum((tb + 1) * BT, C) * NH, BS)):
-                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
-                    _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
-                R = _decayed(_dot(dy, tl.trans(_rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)), PREC),
-                             tok_j[None, :] <= tq[:, None], c_q, _cum(g, tok_j, CP))
-                dq += _dot(R, Kb_j, PREC)
-                if DECAY:
-                    dc += tl.sum(R * _dot(Q_b, tl.trans(Kb_j), PREC), 1)
-            e = tl.exp(c_q)
-            dQh = _dot(dy, tl.trans(S), PREC)
-            dq += e[:, None] * dQh
-            dc += e * tl.sum(dQh * Q_b, 1)
-            _put_rows(DQ, dq_off, sdqt, 0, t_q, tq * 0, live_q, DK, dq, BDK)
-            if DECAY:
-                dct += tl.sum(tl.where(tq[:, None] == s[None, :], dc[:, None], 0.0), 0)
-            dS_prev += _dot(tl.trans(Q_b * e[:, None]), dy, PREC)
-        for j in range(NB):
-            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-            dS_prev -= _dot(tl.trans(K_j * tl.exp(_cum(g, tok_j, CP))[:, None]),
-                            _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
         if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
             dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
             tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
@@ -388,7 +354,7 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
                 svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
                 **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
                 H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=max(16, next_pow2(dk)),
-                BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, BT=BT, DECAY=decay,
+                BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, DECAY=decay,
                 HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec, num_warps=WARPS if max(dk, dv) <= 16 else WIDE_WARPS)
 
 
