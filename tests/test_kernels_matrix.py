@@ -183,11 +183,24 @@ def test_plan_splits_time_only_for_few_lanes():
 
 def test_plan_splits_short_walks_only_at_the_short_split_k():
     cpu = torch.device("cpu")
-    k4 = layout.matrix(64, 64, layout.SHORT_SPLIT_K, 8, cpu)
+    k4 = layout.matrix(8, 64, layout.SHORT_SPLIT_K, 8, cpu)  # too few lanes to fill the GPU
     assert k4.segments >= 4 and 2 * k4.tile <= k4.seg_len < layout.MATRIX_MIN_SEGMENT
     assert layout.matrix(8, 64, 8, 9, cpu).segments == 1  # k = 8 keeps T = 64 whole
     long = layout.matrix(64, 1024, layout.SHORT_SPLIT_K, 8, cpu)
     assert long.seg_len >= layout.MATRIX_MIN_SEGMENT  # long walks keep the usual minimum
+
+
+def test_short_walks_at_the_short_split_k_take_one_lane_once_the_lanes_fill_the_gpu():
+    cpu = torch.device("cpu")  # counts as layout.CPU_SMS SMs
+    full = layout.MATRIX_PROGRAMS_PER_SM * layout.CPU_SMS
+    short = 4 * layout.MATRIX_MIN_SEGMENT - 1
+    for direction in ("forward", "backward"):
+        one = layout.matrix(full, short, layout.SHORT_SPLIT_K, 8, cpu, direction)
+        assert (one.block, one.warps, one.segments, one.seg_len) == (1, 1, 1, short)
+        split = layout.matrix(full - 1, short, layout.SHORT_SPLIT_K, 8, cpu, direction)
+        assert split.block > 1 and split.segments > 1  # too few lanes: the short split stays
+        long = layout.matrix(full, short + 1, layout.SHORT_SPLIT_K, 8, cpu, direction)
+        assert long.block > 1  # room for the usual split: the product budget's block
 
 
 def test_plan_never_puts_two_lanes_in_a_program():

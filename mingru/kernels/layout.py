@@ -151,7 +151,12 @@ MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: k
 # k whose short walks split too: a segment as short as T/8 (never under 2 tiles) where T is under
 # 8 minimum segments. At the seed's lab shape (T = 64) on an H200 that split ran faster at k = 4,
 # and slower at k = 8 and 16 (their products make the first pass and the carry fold dearer). On an
-# H100, k = 4 without the split ran slower by GPU clock in both directions and both dtypes.
+# H100, k = 4 without the split ran slower by GPU clock in both directions and both dtypes, with the
+# product budget's 32 lanes per program. Where the lanes alone fill the GPU, such a short walk takes
+# one lane and one warp per program and no split instead: on an H100 at B128 T64 n16 k4 v4 (2048
+# lanes) that ran the forward in about the split's GPU time with one launch instead of two, and the
+# backward faster in float32, slower in bfloat16 (a sweep of blocks 1 to 32, warps 1 and 4, 1 to 8
+# segments; chapter 4's seed table measures the plan it chose against the seed's kernels).
 SHORT_SPLIT_K = 4
 # (k, direction) whose tile is not MATRIX_TILE. Sweeps of tiles 1, 2, 4 on the H200 at B128 T64 and
 # B16 T1024: at k = 8 one step at a time ran fastest both ways (batched loads cost the walk more than
@@ -173,9 +178,10 @@ def matrix(lanes, T, k, width, device, direction="forward"):
     (a power of two, <= 128, never 2) whose broadcast products fit PRODUCTS_PER_PROGRAM, with 4 warps
     and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one
     lane and one warp per program when the lanes give MATRIX_PROGRAMS_PER_SM programs per SM, else
-    four lanes. The walk is latency-bound, so T is split below MATRIX_PROGRAMS_PER_SM programs per
-    SM once it holds four minimum segments (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8
-    where that is shorter)."""
+    four lanes; at k = SHORT_SPLIT_K one lane and one warp too when those lanes fill the GPU and T
+    holds fewer than four minimum segments. The walk is latency-bound, so T is split below
+    MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments (MATRIX_MIN_SEGMENT
+    steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)
 
 
@@ -185,8 +191,10 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
     if block == 2:
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
     warps = 4
-    if k == LANE_K:
-        block, warps = (1, 1) if lanes >= MATRIX_PROGRAMS_PER_SM * sms else (4, 4)
+    fills = lanes >= MATRIX_PROGRAMS_PER_SM * sms
+    short = T < 4 * MATRIX_MIN_SEGMENT  # no room for the usual split's four minimum segments
+    if k == LANE_K or (k == SHORT_SPLIT_K and short and fills):
+        block, warps = (1, 1) if fills else (4, 4)
     block, warps = forced[2] or block, forced[4] or warps
     tile = forced[0] or MATRIX_TILES.get((k, direction), MATRIX_TILE)
     min_len = MATRIX_MIN_SEGMENT
