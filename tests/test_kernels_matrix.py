@@ -117,7 +117,7 @@ def test_one_lane_per_program(segments, device):
 def test_the_planners_one_lane_walk_at_the_short_split_k(device):
     """The plan itself (nothing forced) at k = SHORT_SPLIT_K, T short, lanes B*n enough to fill the
     GPU: one lane and one warp per program, no split, both directions, against float64."""
-    B, T, k = 2, 11, layout.SHORT_SPLIT_K
+    B, T, k = 2, 6, layout.SHORT_SPLIT_K
     n = -(-layout.MATRIX_PROGRAMS_PER_SM * layout.sm_count(torch.device(device)) // B)  # B * n lanes fill it
     for direction in ("forward", "backward"):
         plan = layout.matrix(B * n, T, k, 2 * k, torch.device(device), direction)
