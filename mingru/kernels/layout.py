@@ -193,8 +193,10 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
     warps = 4
     fills = lanes >= MATRIX_PROGRAMS_PER_SM * sms
     short = T < 4 * MATRIX_MIN_SEGMENT  # no room for the usual split's four minimum segments
-    if k == LANE_K or (k == SHORT_SPLIT_K and short and fills):
+    if k == LANE_K:
         block, warps = (1, 1) if fills else (4, 4)
+    elif k == SHORT_SPLIT_K and short and fills:
+        block, warps = 1, 1
     block, warps = forced[2] or block, forced[4] or warps
     tile = forced[0] or MATRIX_TILES.get((k, direction), MATRIX_TILE)
     min_len = MATRIX_MIN_SEGMENT
