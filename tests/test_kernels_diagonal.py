@@ -221,6 +221,22 @@ def test_plan_splits_time_only_for_small_b_times_d():
     assert layout._diagonal(2, 16384, 1024, 0, tiles, auto).segments == 1  # no SMs known: no split
 
 
+def test_unsplit_walks_take_the_forms_walk_block_and_fill_the_sms():
+    auto, min_block = layout.AUTO, layout.DIAGONAL_MIN_WALK_BLOCK
+    gate, scan = layout.DIAGONAL_TILES["forward", "gate"], layout.DIAGONAL_TILES["forward", "scan"]
+    assert gate.walk_block < gate.block  # the gate forward's narrower walk
+    for tiles in (gate, scan):  # lane blocks enough for every SM: the form's walk block
+        lay = layout._diagonal(16, 1024, 1024, 132, tiles, auto)
+        assert (lay.block, lay.segments) == (tiles.walk_block, 1)
+    lab = layout._diagonal(128, 64, 64, 132, scan, auto)  # 128 blocks of 64 lanes, 132 SMs: halved once
+    assert (lab.block, lab.segments) == (32, 1)
+    assert layout._diagonal(1, 64, 64, 132, scan, auto).block == min_block  # halved down to the floor only
+    assert layout._diagonal(128, 64, 64, 132, scan, (0, 0, 64, False, 0, 0)).block == 64  # a forced block stays
+    # the split is decided at the form's block: 64 gate blocks of 64 lanes split, though 16 lanes would fill
+    lay = layout._diagonal(4, 4096, 1024, 132, gate, auto, layout.LOOKBACK_TILES["forward", "gate"])
+    assert lay.lookback and lay.segments > 1
+
+
 def test_a_forward_split_is_the_single_pass():
     tiles, auto = layout.DIAGONAL_TILES["forward", "scan"], layout.AUTO
     single = layout.LOOKBACK_TILES["forward", "scan"]

@@ -76,47 +76,62 @@ def split_time(T, programs, sms, tile, min_len, min_segments, split_below, per_s
 class Tiles(NamedTuple):
     """A diagonal form's layout: the tile and program shape, and how far it splits time."""
     tile: int
-    block: int
+    block: int      # lanes per program; the split is decided with it
     warps: int
     stages: int
     prefetch: bool
     per_sm: int     # the split's target of programs per SM: each walk is a chain of dependent
                     # tiles, so more and shorter walks keep more loads in flight
     min_tiles: int  # a time segment is at least this many tiles long
+    walk_block: int  # lanes per program of a walk that time is not split for
 
 
 # Per (direction, op form), chosen by measurement on the H200 (sweeps over tile, block, warps,
 # segments). The log forward splits least: each segment folds the earlier segments' aggregates
-# by a log-add-exp apiece, so many segments cost more than they hide.
+# by a log-add-exp apiece, so many segments cost more than they hide. The gate forward's unsplit
+# walk takes 16 lanes a program: on an H100 (B128 T64 D64, B64 T256 D512, B16 T1024 D1024,
+# B8 T4096 D2048) gated_recurrence's forward ran 1.3-2.2x faster by GPU clock with 16 lanes than
+# with 64; there its backward, and the other forms' forward, ran no faster with 16 lanes (with 32,
+# within 10 % of 64 either way).
 DIAGONAL_TILES = {
-    ("forward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1),
-    ("forward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1),
-    ("forward", "log"): Tiles(32, 64, 4, 1, True, 4, 4),
-    ("forward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1),
-    ("backward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1),
-    ("backward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1),
-    ("backward", "log"): Tiles(32, 64, 4, 3, False, 8, 1),
-    ("backward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1),
+    ("forward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
+    ("forward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
+    ("forward", "log"): Tiles(32, 64, 4, 1, True, 4, 4, 64),
+    ("forward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1, 16),
+    ("backward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
+    ("backward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
+    ("backward", "log"): Tiles(32, 64, 4, 3, False, 8, 1, 64),
+    ("backward", "gate"): Tiles(32, 64, 4, 3, False, 8, 1, 64),
 }
 # The single pass that replaces a two-pass split: (tile, block, warps) per (direction, op form). Each
 # program loads one tile, publishes its aggregate, and takes its carry from the tiles before it in
 # the scan's direction (decoupled look-back), so the inputs are read once. The choices come from sweeps
 # on the H200; the backward's (tile 64, 128, 256; block 32, 64; 1, 2, 4 warps), of linear_scan at
 # B2 T16384 D1024, B4 T16384 D1024 and B1 T65536 D256: its one choice for all forms was fastest at the
-# first two and 8 % behind 1 warp at the third.
+# first two and 8 % behind 1 warp at the third. The gate forward's comes from an H100 sweep of eight
+# layouts (tiles 32-128, blocks 16-64, 1-4 warps) of gated_recurrence and its stacked form at
+# B1 T65536 D256, B2 T16384 D1024, B4 T4096 D1024 and B16 T1024 D256: 7-16 % faster by GPU clock than
+# the (64, 32, 2) it had, at each (at the last, two others ran up to 5 % faster still).
 LOOKBACK_TILES = {("forward", "scan"): (128, 32, 4), ("forward", "rec"): (64, 32, 2),
-                  ("forward", "log"): (64, 32, 1), ("forward", "gate"): (64, 32, 2),
+                  ("forward", "log"): (64, 32, 1), ("forward", "gate"): (128, 16, 4),
                   **{("backward", form): (64, 32, 2) for form in ("scan", "rec", "log", "gate")}}
 DIAGONAL_SPLIT_BELOW = 0.5  # split time only with fewer lane blocks than half the SMs
+# An unsplit walk whose lane blocks are fewer than the SMs halves its lanes per program, down to this,
+# until they are not (idle SMs otherwise). On an H100 at the seed's lab shape (B128 T64 D64: 128 blocks
+# of 64 lanes, 132 SMs) 32 lanes ran the scan, recurrence and log forms 8-20 % faster by GPU clock,
+# forward and fwd+bwd.
+DIAGONAL_MIN_WALK_BLOCK = 16
 DIAGONAL_MAX_SEGMENTS = 128
 
 
 def diagonal(B, T, D, device, direction, form, single_pass=True):
     """Plan of a (B, T, D) diagonal scan: the form's Tiles (tile no longer than T, block no wider
-    than D); time split only below DIAGONAL_SPLIT_BELOW lane blocks per SM, then up to the form's
-    programs per SM and DIAGONAL_MAX_SEGMENTS segments; a split becomes the single look-back pass
-    (LOOKBACK_TILES) unless the number of segments is forced or `single_pass` is False (a float64
-    scan: the single pass publishes float32 states)."""
+    than D); time split only below DIAGONAL_SPLIT_BELOW lane blocks per SM (counted at the form's
+    block), then up to the form's programs per SM and DIAGONAL_MAX_SEGMENTS segments; a split
+    becomes the single look-back pass (LOOKBACK_TILES) unless the number of segments is forced or
+    `single_pass` is False (a float64 scan: the single pass publishes float32 states). A walk time
+    is not split for takes the form's walk_block lanes a program, halved (not below
+    DIAGONAL_MIN_WALK_BLOCK) while its lane blocks are fewer than the SMs."""
     # int(): under torch.compile with dynamic shapes the sizes arrive as SymInts, which do not hash
     return _diagonal(int(B), int(T), int(D), sm_count(device), DIAGONAL_TILES[direction, form], _forced,
                      LOOKBACK_TILES[direction, form] if single_pass else None)
@@ -133,6 +148,10 @@ def _diagonal(B, T, D, sms, tiles, forced, single=None):
                                    tiles.per_sm, DIAGONAL_MAX_SEGMENTS, forced[1])
     if segments > 1 and single and not forced[1]:
         return _lookback(T, D, single, forced)
+    if segments == 1 and not forced[2]:
+        block = min(tiles.walk_block, next_pow2(D))
+        while block > DIAGONAL_MIN_WALK_BLOCK and B * cdiv(D, block) < sms:
+            block //= 2
     return Plan(block, tile, segments, seg_len, forced[4] or tiles.warps, forced[5] or tiles.stages, tiles.prefetch)
 
 
