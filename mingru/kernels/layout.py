@@ -91,8 +91,9 @@ class Tiles(NamedTuple):
 # by a log-add-exp apiece, so many segments cost more than they hide. The gate forward's unsplit
 # walk takes 16 lanes a program: on an H100 (B128 T64 D64, B64 T256 D512, B16 T1024 D1024,
 # B8 T4096 D2048) gated_recurrence's forward ran 1.3-2.2x faster by GPU clock with 16 lanes than
-# with 64; there its backward, and the other forms' forward, ran no faster with 16 lanes (with 32,
-# within 10 % of 64 either way).
+# with 64. At the last three, 16 lanes made its backward at most 4 % faster (14 % slower at
+# B64 T256 D512) and the other forms' forward no faster or slower (32 lanes: from 8 % faster to 26 %
+# slower); the first is the case of DIAGONAL_MIN_WALK_BLOCK.
 DIAGONAL_TILES = {
     ("forward", "scan"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
     ("forward", "rec"): Tiles(64, 64, 4, 3, False, 8, 1, 64),
