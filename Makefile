@@ -5,7 +5,7 @@ VENV := .venv
 # A machine without a GPU gets the CPU build of torch and a triton/numpy pair whose interpreter works.
 CPU_PINS := torch==2.13.0 triton==3.9.0 "numpy>=2.4,<2.5"
 NB ?=
-ARGS ?=  # e.g. ARGS="--deadline 540": a hard time limit for `make reproduce`
+ARGS ?=  # e.g. ARGS="--deadline 540": a hard time limit for `make reproduce`; "--budget-scale 4": larger budgets
 PYTEST := $(PYTHON) -m pytest
 NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 

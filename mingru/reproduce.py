@@ -85,7 +85,20 @@ def parse_args(argv):
                         help="a hard limit in seconds for the whole run (default: none): no harness starts "
                              f"later than {NOTEBOOK_RESERVE_S} s before it (skipped harnesses are recorded and "
                              "their result files keep their old commit), and each notebook is stopped at it")
+    parser.add_argument("--budget-scale", type=_positive, default=1.0, metavar="X",
+                        help="multiply every harness's time budget by X (default 1: budgets an H200 fits in; "
+                             "a slower GPU, an L4 say, needs a larger X for complete tables, and takes longer)")
     return parser.parse_args(argv)
+
+
+def _positive(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def has_gpu():
@@ -101,13 +114,19 @@ def triton_cache_state():
     return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
 
 
-def plan(harnesses, notebooks, compile_first=False):
-    """The steps of this run with their budgets, printed before anything starts."""
+def plan(harnesses, notebooks, compile_first=False, budget_scale=1.0):
+    """The steps of this run with their budgets (the harnesses' times budget_scale), printed before
+    anything starts."""
     steps = [("compile ahead", COMPILE_BUDGET_S)] if compile_first and harnesses else []
-    steps += [(f"bench {name}", HARNESSES[name][1]) for name in harnesses]
+    steps += [(f"bench {name}", harness_budget(name, budget_scale)) for name in harnesses]
     steps += [("figures", FIGURES_BUDGET_S)] if harnesses else []
     steps += [(f"notebook {name}", NOTEBOOK_BUDGET_S) for name in notebooks]
     return steps
+
+
+def harness_budget(name, scale=1.0):
+    """Harness `name`'s time budget in seconds, scaled (see --budget-scale)."""
+    return round(HARNESSES[name][1] * scale)
 
 
 CHILDREN = {}  # ISOLATED harness -> its child process, started ahead (start_children)
@@ -132,27 +151,27 @@ def _prepare(name):
         torch.cuda.init()
 
 
-def run_harness(name, smoke, results_dir, env):
-    """One harness into results_dir; the budgets are a GPU run's (a smoke run on a CPU is slower).
+def run_harness(name, smoke, results_dir, env, budget):
+    """One harness into results_dir within `budget` seconds (a GPU run's; a smoke run on a CPU is
+    slower and has none).
 
     A harness in ISOLATED runs in a spawned child process: a kernel fault (an illegal address)
     leaves a process's CUDA context unusable, so a fault in another project's kernel fails that
     harness alone instead of every step after it."""
     from mingru.bench import progress
     if name not in ISOLATED:
-        progress.SKIPPED[name] = _harness(name, smoke, results_dir, env)
+        progress.SKIPPED[name] = _harness(name, smoke, results_dir, env, budget)
         return
     start_children([name])
     with CHILDREN.pop(name) as child:
-        progress.SKIPPED[name] = child.submit(_harness, name, smoke, results_dir, env).result()
+        progress.SKIPPED[name] = child.submit(_harness, name, smoke, results_dir, env, budget).result()
 
 
-def _harness(name, smoke, results_dir, env):
+def _harness(name, smoke, results_dir, env, budget):
     """Run harness `name`; return how many cases its budget left out."""
     from mingru import bench
     from mingru.bench import progress
-    bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: HARNESSES[name][1]}, env=env,
-              draw=False)
+    bench.run(name, quick=smoke, out=results_dir, budgets={} if smoke else {name: budget}, env=env, draw=False)
     return progress.SKIPPED.get(name, 0)
 
 
@@ -249,9 +268,10 @@ def main(argv=None):
     harnesses = [] if args.no_measure else [h for h, (ch, _) in HARNESSES.items() if ch in keys]
     out = args.out.resolve()
     results_dir = out / "results" if smoke else RESULTS
-    steps = plan(harnesses, [chapters()[k] for k in keys], compile_first=not smoke)
+    steps = plan(harnesses, [chapters()[k] for k in keys], compile_first=not smoke, budget_scale=args.budget_scale)
     cache = triton_cache_state()
-    print(f"reproduce: {len(steps)} steps, budget {sum(b for _, b in steps)} s in all (H200, cold cache); "
+    scaled = "" if args.budget_scale == 1 else f", harnesses' budgets x {args.budget_scale:g}"
+    print(f"reproduce: {len(steps)} steps, budget {sum(b for _, b in steps)} s in all (H200, cold cache{scaled}); "
           f"Triton cache {cache}")
     for label, budget in steps:
         print(f"  {label:<32} {budget:>4} s")
@@ -279,13 +299,14 @@ def main(argv=None):
             timed("compile ahead", COMPILE_BUDGET_S, lambda: compile_ahead(harnesses, keys, env), record)
             progress()
     for name in harnesses:
+        budget = harness_budget(name, args.budget_scale)
         if args.deadline and time.monotonic() - start > args.deadline - NOTEBOOK_RESERVE_S:
             print(f"== bench {name}: skipped (the run's deadline of {args.deadline:.0f} s is near); "
                   f"results/ keeps its earlier file", flush=True)
-            record.append({"step": f"bench {name}", "seconds": 0.0, "budget_s": HARNESSES[name][1], "ok": False,
+            record.append({"step": f"bench {name}", "seconds": 0.0, "budget_s": budget, "ok": False,
                            "skipped": "deadline"})
             continue
-        timed(f"bench {name}", HARNESSES[name][1], lambda: run_harness(name, smoke, results_dir, env), record)
+        timed(f"bench {name}", budget, lambda: run_harness(name, smoke, results_dir, env, budget), record)
         cut = left_out(name)
         if cut:
             record[-1]["left_out"] = cut
@@ -312,7 +333,8 @@ def main(argv=None):
               + "\n".join(needs) if needs else "nothing in this chapter needs a GPU")
     print(f"reproduce: {total:.0f} s in all")
     if cut:
-        print("reproduce: time budgets left cases out (a slower GPU, or a budget to raise): "
+        print("reproduce: time budgets left cases out (a slower GPU than the budgets': raise them with "
+              f"--budget-scale, now {args.budget_scale:g}; make reproduce ARGS=\"--budget-scale 4\"): "
               + ", ".join(f"{step} {n}" for step, n in cut.items()))
     if failed:
         print(f"reproduce: {len(failed)} step(s) failed: {', '.join(failed)}", file=sys.stderr)

@@ -88,7 +88,7 @@ def test_a_failed_step_is_reported_and_sets_the_exit_code(tmp_path, monkeypatch,
 def test_the_record_is_written_after_each_harness(tmp_path, monkeypatch):
     """A run stopped from outside still leaves the times of the steps it finished (complete: false)."""
     seen = []
-    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env: None)
+    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env, budget: None)
     monkeypatch.setattr(reproduce, "run_notebook", lambda key, smoke, out, kernel, results_dir, timeout=None:
                         seen.append(json.loads((results_dir / "reproduce.json").read_text())))
     assert reproduce.main(["03", "--smoke", "--out", str(tmp_path)]) == 0
@@ -109,7 +109,7 @@ def test_an_isolated_harness_runs_in_a_child_and_its_failure_comes_back(tmp_path
     blocker.write_text("a file where the results folder should be")
     env = {"device": "cpu", "smoke": True, "gpu": None}
     with pytest.raises(FileExistsError):  # raised in the child, where the harness writes its files
-        reproduce.run_harness("peers", True, blocker, env)
+        reproduce.run_harness("peers", True, blocker, env, 1)
     assert blocker.read_text().startswith("a file")
 
 
@@ -188,13 +188,38 @@ def test_the_triton_cache_folder_is_pinned_for_the_run(monkeypatch, tmp_path):
 
 
 def test_cases_left_out_by_a_budget_make_the_run_incomplete(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env: None)
+    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env, budget: None)
     monkeypatch.setattr(reproduce, "run_notebook", lambda *args, **kw: None)
     monkeypatch.setattr(reproduce, "left_out", lambda name: 2)
     assert reproduce.main(["03", "--smoke", "--out", str(tmp_path)]) == 0
     assert "bench precision 2" in capsys.readouterr().out
     final = json.loads((tmp_path / "results" / "reproduce.json").read_text())
     assert final["complete"] is False and final["steps"][0]["left_out"] == 2
+
+
+def test_budget_scale_multiplies_every_harness_budget(tmp_path, monkeypatch, capsys):
+    got = {}
+    monkeypatch.setattr(reproduce, "has_gpu", lambda: True)  # the GPU path, without its measuring
+    monkeypatch.setattr(reproduce, "compile_ahead", lambda *args: None)
+    monkeypatch.setattr(reproduce, "start_children", lambda names: None)
+    monkeypatch.setattr(reproduce, "run_harness", lambda name, smoke, results_dir, env, budget: got.update({name: budget}))
+    monkeypatch.setattr(reproduce, "run_notebook", lambda *args, **kw: None)
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    monkeypatch.setattr(reproduce, "write_record", lambda *args, **kw: None)
+    from mingru.bench import env as environment
+    monkeypatch.setattr(environment, "environment", lambda *args, **kw: {})
+    assert reproduce.main(["03", "--budget-scale", "2.5"]) == 0
+    assert got == {"precision": round(2.5 * reproduce.HARNESSES["precision"][1])}
+    assert "harnesses' budgets x 2.5" in capsys.readouterr().out
+    steps = reproduce.plan(["seed"], [], budget_scale=3)
+    assert steps[0] == ("bench seed", 3 * reproduce.HARNESSES["seed"][1])
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "two"])
+def test_budget_scale_must_be_a_positive_number(bad, capsys):
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--budget-scale", bad])
+    assert "--budget-scale: expected a positive number" in capsys.readouterr().err
 
 
 def test_chapter_kernels_share_the_cores_unless_the_caller_chose(monkeypatch):
