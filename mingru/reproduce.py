@@ -125,8 +125,8 @@ def plan(harnesses, notebooks, compile_first=False, budget_scale=1.0):
 
 
 def harness_budget(name, scale=1.0):
-    """Harness `name`'s time budget in seconds, scaled (see --budget-scale)."""
-    return round(HARNESSES[name][1] * scale)
+    """Harness `name`'s time budget in whole seconds (at least 1), scaled (see --budget-scale)."""
+    return max(1, round(HARNESSES[name][1] * scale))
 
 
 CHILDREN = {}  # ISOLATED harness -> its child process, started ahead (start_children)
