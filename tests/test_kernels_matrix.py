@@ -205,7 +205,7 @@ def test_plan_splits_short_walks_only_at_the_short_split_k():
 def test_short_walks_at_the_short_split_k_take_one_lane_once_the_lanes_fill_the_gpu():
     cpu = torch.device("cpu")  # counts as layout.CPU_SMS SMs
     full = layout.MATRIX_PROGRAMS_PER_SM * layout.CPU_SMS
-    short = 4 * layout.MATRIX_MIN_SEGMENT - 1
+    short = layout.MATRIX_MIN_SEGMENTS * layout.MATRIX_MIN_SEGMENT - 1
     for direction in ("forward", "backward"):
         one = layout.matrix(full, short, layout.SHORT_SPLIT_K, 8, cpu, direction)
         assert (one.block, one.warps, one.segments, one.seg_len) == (1, 1, 1, short)

@@ -168,6 +168,7 @@ def _lookback(T, D, single, forced):
 PRODUCTS_PER_PROGRAM = 4096  # broadcast-matmul products per step: ~32 registers a thread at 4 warps
 MATRIX_TILE = 4              # steps whose loads are issued before the first product waits
 MATRIX_MIN_SEGMENT = 32      # a segment pays the first pass and a carry walk: keep it long
+MATRIX_MIN_SEGMENTS = 4      # a walk splits only with room for this many minimum segments
 # k whose short walks split too: a segment as short as T/8 (never under 2 tiles) where T is under
 # 8 minimum segments. At the seed's lab shape (T = 64) on an H200 that split ran faster at k = 4,
 # and slower at k = 8 and 16 (their products make the first pass and the carry fold dearer). On an
@@ -199,9 +200,9 @@ def matrix(lanes, T, k, width, device, direction="forward"):
     and MATRIX_TILES' tile (prefetching the next step's inputs at a tile of 1); at k = LANE_K, one
     lane and one warp per program when the lanes give MATRIX_PROGRAMS_PER_SM programs per SM, else
     four lanes; at k = SHORT_SPLIT_K one lane and one warp too when those lanes fill the GPU and T
-    holds fewer than four minimum segments. The walk is latency-bound, so T is split below
-    MATRIX_PROGRAMS_PER_SM programs per SM once it holds four minimum segments (MATRIX_MIN_SEGMENT
-    steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
+    holds fewer than MATRIX_MIN_SEGMENTS minimum segments. The walk is latency-bound, so T is split
+    below MATRIX_PROGRAMS_PER_SM programs per SM once it holds MATRIX_MIN_SEGMENTS minimum segments
+    (MATRIX_MIN_SEGMENT steps; for k = SHORT_SPLIT_K, T/8 where that is shorter)."""
     return _matrix(int(lanes), int(T), int(k), int(width), sm_count(device), direction, _forced)
 
 
@@ -212,7 +213,7 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
         block = 1  # two lanes per program ran slower than one (and than four) in both directions
     warps = 4
     fills = lanes >= MATRIX_PROGRAMS_PER_SM * sms
-    short = T < 4 * MATRIX_MIN_SEGMENT  # no room for the usual split's four minimum segments
+    short = T < MATRIX_MIN_SEGMENTS * MATRIX_MIN_SEGMENT  # no room for the usual split's segments
     if k == LANE_K:
         block, warps = (1, 1) if fills else (4, 4)
     elif k == SHORT_SPLIT_K and short and fills:
@@ -222,8 +223,8 @@ def _matrix(lanes, T, k, width, sms, direction, forced):
     min_len = MATRIX_MIN_SEGMENT
     if k == SHORT_SPLIT_K:
         min_len = max(2 * tile, min(min_len, T // 8))
-    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, 4, MATRIX_PROGRAMS_PER_SM,
-                                   MATRIX_PROGRAMS_PER_SM, T, forced[1])
+    segments, seg_len = split_time(T, cdiv(lanes, block), sms, tile, min_len, MATRIX_MIN_SEGMENTS,
+                                   MATRIX_PROGRAMS_PER_SM, MATRIX_PROGRAMS_PER_SM, T, forced[1])
     return Plan(block, tile, segments, seg_len if segments > 1 else T, warps, forced[5] or 1,
                 prefetch=MATRIX_PREFETCH and tile == 1)
 
