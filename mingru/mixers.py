@@ -129,13 +129,26 @@ def stacked_params(*linears):
 
 
 def _stacked(x, *linears):
-    """(kc, bias): the outputs of `linears` on x side by side in the last dim, without their
-    biases, from one matmul over their stacked weights; and their biases stacked the same way (None
-    without). The scan adds the bias: its backward sums the bias's gradient as it goes, where the
-    matmul's would reduce the whole output gradient once more."""
+    """(kc, bias): the outputs of `linears` on x side by side in the last dim, from one matmul over
+    their stacked weights, and the bias the scan still has to add (None when it has none to add).
+
+    In float32 the matmul leaves the biases out and the scan adds them: its backward sums the bias's
+    gradient as it goes, where the matmul's would reduce the whole output gradient once more. In a
+    16-bit dtype (or under autocast to one) the matmul adds them before its output is rounded:
+    rounding x W first moves a pre-activation near 0 by up to half a unit in the last place of |x W|,
+    enough to flip its sign, and MinGRU's g has a slope of 1/4 below 0 and 1 above, so each flip
+    changes that step's gradient fourfold (measured: weight gradients several times farther from
+    float64 than the eager path's)."""
     weight, bias = stacked_params(*linears)
+    if bias is not None and _matmul_dtype(x).itemsize < 4:
+        return nn.functional.linear(x, weight, bias), None
     kc = nn.functional.linear(x, weight)
     return kc, None if bias is None else bias.to(kc.dtype)  # autocast: kc's dtype
+
+
+def _matmul_dtype(x):
+    """The dtype a matmul on x returns: autocast's where it is on for x's device, else x's."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
 def _check_nonnegative(h_0):
