@@ -36,12 +36,12 @@ LOG_GAMMA_FLOOR = -88.0
 SATURATION_WARN = 1e4
 # the forms of `delta_rule_chunked` (its `across`)
 ACROSS = (None, "carry", "loop", "scan", "fused")
-# DeltaMinGRU(fused=None) runs the fused form where the heads are this narrow (d_k and d_v) and each
-# program's walk is this short (T * nh micro-steps): its one program per batch row and head walks the
-# chunks in order, while the default form spreads the chunks over the GPU, so the fused form's GPU
-# time grows with the walk; at narrow heads and short walks it stays near the default's (the seed
-# table's DeltaMinGRU[fused] and DeltaMinGRU[chunked] rows measure both), with a fraction of its
-# memory and launches.
+# DeltaMinGRU(fused=None) runs the fused form where the heads are this narrow (d_k and d_v) and the
+# walk is this short (T * nh micro-steps): its chunk kernels do their algebra in IEEE float32 products
+# of 16 x 16 blocks, slower per chunk than the default form's batched matmuls as the heads widen, and
+# its walk steps through the chunks in order; at narrow heads and short walks it is the faster of the
+# two (the seed table's DeltaMinGRU[fused] and DeltaMinGRU[chunked] rows measure both), with a
+# fraction of the default's memory and launches.
 AUTO_FUSED_WIDTH = 16
 AUTO_FUSED_STEPS = 1024
 
@@ -135,9 +135,9 @@ def delta_rule_chunked(q, k, v, beta, log_gamma=None, h_0=None, chunk_size=64, a
     the affine maps elsewhere; "carry" forces the carried form; "loop" (one batched matmul a chunk) or "scan"
     (scans.matrix_recurrence, whose Hillis–Steele over the chunk totals takes fewer launches than
     the loop when there are many) force the affine maps with that eager chaining. "fused" runs the
-    whole rule in two Triton kernels (`mingru.kernels.delta_rule`: the chain and every chunk's
-    algebra in one program per batch row and head, nothing of size M x M kept for the backward)
-    through the dispatch seam; where dispatch runs eager, or the kernels decline (d_k or d_v above
+    whole rule in Triton kernels that read the inputs in place (`mingru.kernels.delta_rule`: every
+    chunk's algebra in a program of its own, a walk through the chunks, nothing of size M x M kept
+    for the backward) through the dispatch seam; where dispatch runs eager, or the kernels decline (d_k or d_v above
     their tile), it is the default form.
     """
     k, v, beta = _check_delta_inputs(q, k, v, beta, log_gamma, h_0)
@@ -434,7 +434,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
     The state is H flattened in (n_heads, d_k, d_v) order: (B, 1, n_heads d_k d_v) in `forward`,
     (B, n_heads d_k d_v) in `step`. Under MINGRU_SCAN=auto on CUDA the chunks' triangular solves
     and their chaining run Triton kernels when there are two chunks or more (`delta_rule_chunked`);
-    the rest is torch code. The fused form (`delta_layer`) runs the whole rule in two Triton kernels
+    the rest is torch code. The fused form (`delta_layer`) runs the whole rule in Triton kernels
     that read the projection output as it is, normalize the keys and gate the strengths themselves,
     and keep nothing of size chunk x chunk for the backward; where dispatch runs eager it is the
     default form. `fused` (our one extra keyword) chooses: None (default) by shape, the fused form

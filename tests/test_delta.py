@@ -263,8 +263,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mingru.kernels import delta_rule as fused
 key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 3, False, True, True, True, "ieee")
-for kernel, args in ((fused._forward_kernel, fused._plan(*key)),
-                     (fused._backward_kernel, fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4))):
+forward, backward = fused._plan(*key), fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4)
+for kernel, args in ((fused._solve_kernel, forward["solve"]), (fused._walk_kernel, forward["walk"]),
+                     (fused._readout_kernel, forward["readout"]), (fused._readout_back_kernel, backward["readout"]),
+                     (fused._walk_back_kernel, backward["walk"]), (fused._gradient_kernel, backward["gradient"])):
     params = list(inspect.signature(kernel.fn).parameters)
     constexprs = {name: args[name] for name in params if name in args and kernel.params[params.index(name)].is_constexpr}
     signature = {name: "constexpr" if name in constexprs else "i32" if name in args else "*fp32" for name in params}
@@ -276,7 +278,7 @@ print("compiled")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles and runs them (test_gpu.py)")
 def test_fused_kernels_compile_for_a_gpu_without_one():
-    """The interpreter runs the kernels' Python, not Triton's compiler: compile both for sm_90 in a
+    """The interpreter runs the kernels' Python, not Triton's compiler: compile all six for sm_90 in a
     process without TRITON_INTERPRET (frontend, lowering and ptxas; no device needed), with every
     switch on, at d_k = d_v = 32."""
     pytest.importorskip("triton")

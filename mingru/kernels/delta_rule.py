@@ -1,5 +1,6 @@
-"""The chunked delta rule in two kernels: one program per (batch row, head) walks the chunks in
-order with the state S (d_k x d_v) in registers, and does each chunk's WY algebra in BS x BS
+"""The chunked delta rule in six kernels, three each way, that read the inputs in place: only
+the walk over the chunks is sequential (one program per batch row, head and WALK_BV columns of the
+state, which walk independently); every chunk's WY algebra runs in its own program, in BS x BS
 blocks of micro-steps, so that no chunk term (the M x M systems, the readout matrix, the chunk
 layout) is ever written to memory.
 
@@ -7,24 +8,26 @@ Per chunk of C tokens and M = C nh micro-steps (see `mingru.delta` for the recur
 chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the chunk's total):
 
     T = I + L,  L[i, l] = beta_l (k_i . k_l) e^{c_i - c_l}   (l < i)
-    u = T^{-1} (V - diag(e^c) K S)                            (the pseudo-values, M x d_v)
+    u = u0 - w S,  u0 = T^{-1} V,  w = T^{-1} diag(e^c) K    (the pseudo-values, M x d_v)
     y_t = e^{c_t} S^T q_t + sum_l read[t, l] u_l,  read[t, l] = beta_l (q_t . k_l) e^{c_t - c_l}
           over the micro-steps l of tokens <= t
     S' = e^{c_end} S + Kc^T u,  Kc's rows beta_l e^{c_end - c_l} k_l
 
-The solve runs by blocks: u_i = D_i (r_i - sum_{j<i} L_ij u_j) with D_i = (I + L_ii)^{-1} from
-`triangular._unit_lower_inverse`; each u_i is written to the output u, from which the later blocks
-read it back. The readout's rows sit at micro-steps too: token t's query at its last micro-step,
-zero rows at the others (`_queries`), so that L and read share their blocks' operands, each pair of
-blocks (i, j <= i) loaded once for both. The forward writes y, the final state, u and the state at
-each chunk start: what the backward keeps (the inputs, u and N states: nothing of size M x M).
+Forward: `_solve_kernel` (every chunk) forms u0 and w by blocks, u0_i = D_i (v_i - sum_{j<i} L_ij
+u0_j) with D_i = (I + L_ii)^{-1} from `triangular._unit_lower_inverse`, each block written out and
+read back by the later ones; `_walk_kernel` walks S through the chunks, turning u0 into u in place
+and storing S at each chunk start; `_readout_kernel` (every chunk) forms y. The readout's rows sit at
+micro-steps too: token t's query at its last micro-step, zero rows at the others (`_queries`). The
+backward keeps the inputs, u, w and the N chunk-start states: nothing of size M x M.
 
-The backward walks the chunks from the last one with the state's cotangent dS in registers:
-    du = read^T dy + Kc dS',  dr = T^{-T} du (by blocks from the last),  dv = dr,
-    dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - (diag(e^c) K)^T dr,
-then the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T
-(masked to token(l) <= t), a block's row pairs and column pairs recomputed where it needs them. Every product is a
-tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
+Backward: `_readout_back_kernel` (every chunk) forms read^T dy and (diag(e^c) Q)^T dy;
+`_walk_back_kernel` walks the state's cotangent from the last chunk,
+    du = read^T dy + Kc dS',  dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - w^T du
+(w^T = (diag(e^c) K)^T T^{-T}, so the walk needs no solve), keeping each chunk's du and dS';
+`_gradient_kernel` (every chunk) solves dr = T^{-T} du by blocks from the last (dv = dr), then forms
+the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T (masked to
+token(l) <= t), a block's row pairs and column pairs recomputed where it needs them. Every product
+is a tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
 
 Two ops share the kernels: `delta_rule` takes q, k, v, beta as given (`delta_rule_chunked`'s fused
 form); `delta_layer` takes DeltaMinGRU's projection output (`delta.split_projection`), normalizes
@@ -44,8 +47,9 @@ from mingru.kernels.triangular import _unit_lower_inverse
 
 BS = 16     # micro-steps per block of the chunk's triangular system
 MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
-WARPS = 4       # d_k, d_v <= 16
-WIDE_WARPS = 8  # above: at 4 warps ptxas spills registers to local memory (sm_90), at 8 little or none
+WARPS = 4       # every kernel (8 measured slower for the chunk kernels on an H100)
+WALK_BV = 32    # state columns per program of the walks (the columns of S walk independently)
+WALK_ROWS = 32  # micro-steps per step of the walks
 NORM_EPS = tl.constexpr(1e-12)  # F.normalize's eps, for the layer's keys
 
 
@@ -150,223 +154,337 @@ def _diagonal_inverse(Kb, bb, cb, m, BS: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(Q, K, V, BETA, G, H0, Y, U, S0, HT,
-                    sqb, sqt, sqh, skb, skt, skj, skh, svb, svt, svj, svh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
-                    H, T, C, NH, N, DK, DV,
-                    BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
-                    DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
-                    PREC: tl.constexpr):
-    """y, the final state, u (laid out as v, contiguous) and the chunk-start states (B, H, N, DK, DV)
-    of one (batch row, head) per program; y (B, T, H, DV) and the states contiguous. RAW: K and BETA
-    hold the layer's projections, normalized and gated here (see `_keys`, `_betas`)."""
-    pid = tl.program_id(0)
+def _solve_kernel(K, V, BETA, G, U, W,
+                  skb, skt, skj, skh, svb, svt, svj, svh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                  H, T, C, NH, DK, DV,
+                  BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
+                  DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """The UT transform of chunk program_id(0) of one (batch row, head) program_id(1): u0 = T^{-1} v
+    into U and w = T^{-1} diag(e^c) k into W (both (B, T, nh, H, d) contiguous), by blocks: block i
+    solves against the blocks j < i, read back from U and W."""
+    n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
-    q_off, k_off, v_off = b * sqb + h * sqh, b * skb + h * skh, b * svb + h * svh
-    beta_off, g_off = b * sbb + h * sbh, b * sgb + h * sgh
-    su_t, su_j = NH * H * DV, H * DV                       # u: (B, T, nh, H, DV) contiguous
-    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
-    s_off = pid.to(tl.int64) * N * DK * DV
-    ptrs, smask = _state_ptrs(S0, s_off, DK, DV, BDK, BDV)
-    if HAS_H0:
-        p0, _ = _state_ptrs(H0, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
-        S = tl.load(p0, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
-    else:
-        S = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
-    NB = tl.cdiv(C * NH, BS)
-    for n in range(N):
-        tl.store(ptrs + n * DK * DV, S.to(S0.dtype.element_ty), mask=smask)
-        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
-        c_end = tl.sum(g, 0)
-        S_end = S * tl.exp(c_end)
-        # block i of the solve, u_i = D_i (v_i - e^{c_i} k_i S - sum_{j<i} L_ij u_j), and of the readout
-        # (its queries): each earlier block's keys and u are loaded once for both
-        for i in range(NB):
-            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-            K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-            b_i = _betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW)
-            c_i = _cum(g, tok_i, CP)
-            Q_i, live_q = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
-            e_i = tl.exp(c_i)[:, None]
-            r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64) - _dot(K_i * e_i, S, PREC)
-            y = _dot(Q_i * e_i, S, PREC)
-            for j in range(i):
-                m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-                Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
-                    _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
-                U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
-                E = tl.exp(c_i[:, None] - _cum(g, tok_j, CP)[None, :])  # every pair of an earlier block: <= 1
-                r -= _dot(_dot(K_i, tl.trans(Kb_j), PREC) * E, U_j, PREC)
-                y += _dot(_dot(Q_i, tl.trans(Kb_j), PREC) * E, U_j, PREC)
-            Kb_i = K_i * b_i[:, None]
-            u_i = _dot(_diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC), r, PREC)
-            _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, u_i, BDV)
-            y += _dot(_decayed(_dot(Q_i, tl.trans(Kb_i), PREC), tok_i[None, :] <= tok_i[:, None], c_i, c_i), u_i,
-                      PREC)
-            _put_rows(Y, y_off, H * DV, 0, t_i, m_i * 0, live_q, DV, y, BDV)
-            S_end += _dot(tl.trans(Kb_i * tl.exp(c_end - c_i)[:, None]), u_i, PREC)
-            tl.debug_barrier()  # the later blocks read u_i back
-        S = S_end
-    pT, _ = _state_ptrs(HT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
-    tl.store(pT, S.to(HT.dtype.element_ty), mask=smask)
+    k_off, v_off, beta_off, g_off = b * skb + h * skh, b * svb + h * svh, b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
+    u_off, w_off = b * T * su_t + h * DV, b * T * sw_t + h * DK
+    g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+    for i in range(tl.cdiv(C * NH, BS)):
+        m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+        K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+        b_i = _betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW)
+        c_i = _cum(g, tok_i, CP)
+        r = _rows(V, v_off, svt, svj, t_i, m_i % NH, live_i, DV, BDV, F64)
+        w = K_i * tl.exp(c_i)[:, None]
+        for j in range(i):
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
+                _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
+            L = _dot(K_i, tl.trans(Kb_j), PREC) * tl.exp(c_i[:, None] - _cum(g, tok_j, CP)[None, :])
+            r -= _dot(L, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+            w -= _dot(L, _rows(W, w_off, sw_t, sw_j, t_j, m_j % NH, live_j, DK, BDK, F64), PREC)
+        D = _diagonal_inverse(K_i, b_i, c_i, m_i, BS, PREC)
+        _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV, _dot(D, r, PREC), BDV)
+        _put_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, _dot(D, w, PREC), BDK)
+        tl.debug_barrier()  # the later blocks read u0_i and w_i back
 
 
 @triton.jit
-def _backward_kernel(Q, K, BETA, G, U, S0, DY, DHT, DQ, DKK, DVO, DB, DG, DH0,
+def _walk_kernel(K, BETA, G, H0, U, W, S0, HT,
+                 skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                 H, T, C, NH, N, DK, DV,
+                 BDK: tl.constexpr, BV: tl.constexpr, CP: tl.constexpr, WB: tl.constexpr,
+                 DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
+                 PREC: tl.constexpr):
+    """The only sequential part: one (batch row, head) program_id(0) and BV columns program_id(1) of
+    the state walk the chunks in order, u = u0 - w S in place in U, S' = e^{c_end} S + Kc^T u, and
+    store S at each chunk start (S0, (B, H, N, DK, DV)) and at the end (HT)."""
+    pid, v0 = tl.program_id(0), tl.program_id(1) * BV
+    b, h = (pid // H).to(tl.int64), pid % H
+    k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
+    u_off, w_off = b * T * su_t + h * DV + v0, b * T * sw_t + h * DK
+    rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
+    sp, smask = rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+    s_off = pid.to(tl.int64) * DK * DV
+    if HAS_H0:
+        S = tl.load(H0 + s_off + sp, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    else:
+        S = tl.zeros([BDK, BV], tl.float64 if F64 else tl.float32)
+    for n in range(N):
+        tl.store(S0 + s_off * N + n * DK * DV + sp, S.to(S0.dtype.element_ty), mask=smask)
+        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+        c_end = tl.sum(g, 0)
+        S_end = S * tl.exp(c_end)
+        for i in range(tl.cdiv(C * NH, WB)):
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, WB)
+            u = _rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, BV, F64) - \
+                _dot(_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, BDK, F64), S, PREC)
+            _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, u, BV)
+            Kc = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW) * \
+                (_betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW) *
+                 tl.exp(c_end - _cum(g, tok_i, CP)))[:, None]
+            S_end += _dot(tl.trans(Kc), u, PREC)
+        S = S_end
+    tl.store(HT + s_off + sp, S.to(HT.dtype.element_ty), mask=smask)
+
+
+@triton.jit
+def _readout_kernel(Q, K, BETA, G, U, S0, Y,
+                    sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                    H, T, C, NH, N, DK, DV,
+                    BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
+                    DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """y of chunk program_id(0), one (batch row, head) program_id(1): y_t = e^{c_t} S^T q_t + sum_l
+    read[t, l] u_l, by blocks of queries (rows at micro-steps, see `_queries`); Y (B, T, H, DV)."""
+    n, pid = tl.program_id(0), tl.program_id(1)
+    b, h = (pid // H).to(tl.int64), pid % H
+    q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j = NH * H * DV, H * DV
+    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
+    ptrs, smask = _state_ptrs(S0, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    S = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+    for i in range(tl.cdiv(C * NH, BS)):
+        m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+        c_i = _cum(g, tok_i, CP)
+        Q_i, live_q = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+        y = _dot(Q_i * tl.exp(c_i)[:, None], S, PREC)
+        for j in range(i + 1):
+            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+            Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
+                _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
+            R = _decayed(_dot(Q_i, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_i[:, None], c_i, _cum(g, tok_j, CP))
+            y += _dot(R, _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64), PREC)
+        _put_rows(Y, y_off, H * DV, 0, t_i, m_i * 0, live_q, DV, y, BDV)
+
+
+@triton.jit
+def _readout_back_kernel(Q, K, BETA, G, DY, DVO, DS,
+                         sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                         sdvb, sdvt, sdvj, sdvh,
+                         H, T, C, NH, N, DK, DV,
+                         BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
+                         DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """The readout's cotangents of chunk program_id(0), one (batch row, head) program_id(1), before
+    the walk back: read^T dy into DVO (rows as v) and (diag(e^c) Q)^T dy into DS[n] ((B, H, N, DK, DV))."""
+    n, pid = tl.program_id(0), tl.program_id(1)
+    b, h = (pid // H).to(tl.int64), pid % H
+    q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    y_off, dv_off = b * T * H * DV + h * DV, b * sdvb + h * sdvh
+    g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+    NB = tl.cdiv(C * NH, BS)
+    E = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
+    for j in range(NB):
+        m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+        c_j = _cum(g, tok_j, CP)
+        Kb_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW) * \
+            _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)[:, None]
+        du = tl.zeros([BS, BDV], tl.float64 if F64 else tl.float32)
+        for i in range(j, NB):
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+            Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+            R = _decayed(_dot(Q_i, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_i[:, None], _cum(g, tok_i, CP), c_j)
+            du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), PREC)
+        _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, du, BDV)
+        Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
+        E += _dot(tl.trans(Q_j * tl.exp(c_j)[:, None]), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64),
+                  PREC)
+    ptrs, smask = _state_ptrs(DS, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    tl.store(ptrs, E.to(DS.dtype.element_ty), mask=smask)
+
+
+@triton.jit
+def _walk_back_kernel(K, BETA, G, W, DHT, DVO, DS, DH0,
+                      skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh, sdvb, sdvt, sdvj, sdvh,
+                      H, T, C, NH, N, DK, DV,
+                      BDK: tl.constexpr, BV: tl.constexpr, CP: tl.constexpr, WB: tl.constexpr,
+                      DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
+                      PREC: tl.constexpr):
+    """The walk back, one (batch row, head) program_id(0) and BV columns program_id(1) of the state's
+    cotangent dS from the last chunk: du = read^T dy + Kc dS' in place in DVO, dS = e^{c_end} dS'
+    + (diag(e^c) Q)^T dy - w^T du (since (diag(e^c) k)^T T^{-T} = w^T); DS[n] trades the readout's
+    term for dS' (the cotangent of chunk n's end state); DH0 gets the last dS."""
+    pid, v0 = tl.program_id(0), tl.program_id(1) * BV
+    b, h = (pid // H).to(tl.int64), pid % H
+    k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    sw_t, sw_j = NH * H * DK, H * DK
+    w_off, dv_off = b * T * sw_t + h * DK, b * sdvb + h * sdvh + v0
+    rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
+    sp, smask = rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+    s_off = pid.to(tl.int64) * DK * DV
+    dS = tl.load(DHT + s_off + sp, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    for back in range(N):
+        n = N - 1 - back
+        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+        c_end = tl.sum(g, 0)
+        here = DS + s_off * N + n * DK * DV + sp
+        dS_prev = dS * tl.exp(c_end) + tl.load(here, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+        tl.store(here, dS.to(DS.dtype.element_ty), mask=smask)
+        for i in range(tl.cdiv(C * NH, WB)):
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, WB)
+            Kc = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW) * \
+                (_betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW) *
+                 tl.exp(c_end - _cum(g, tok_i, CP)))[:, None]
+            du = _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV - v0, BV, F64) + _dot(Kc, dS, PREC)
+            _put_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV - v0, du, BV)
+            dS_prev -= _dot(tl.trans(_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, BDK, F64)), du, PREC)
+        dS = dS_prev
+    if HAS_H0:
+        tl.store(DH0 + s_off + sp, dS.to(DH0.dtype.element_ty), mask=smask)
+
+
+@triton.jit
+def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DS, DQ, DKK, DVO, DB, DG,
                      sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                      sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
                      H, T, C, NH, N, DK, DV,
                      BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
-                     DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
-                     PREC: tl.constexpr):
-    """The gradients of `_forward_kernel`'s inputs from the cotangents of y (DY, as y) and of the final
-    state (DHT): DQ, DKK, DVO, DB with their own strides (sd*), DG contiguous (B, T, H). DVO also
-    holds dr = T^{-T} du while the chunk's blocks are solved (dv = dr)."""
-    pid = tl.program_id(0)
+                     DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """The gradients of chunk program_id(0), one (batch row, head) program_id(1), from the walk
+    back's du (in DVO) and dS' (DS[n]): dr = T^{-T} du by blocks from the last, in place in DVO
+    (dv = dr), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
+    n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
     su_t, su_j = NH * H * DV, H * DV                     # u: (B, T, nh, H, DV) contiguous
     u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
     dq_off, dk_off, dv_off = b * sdqb + h * sdqh, b * sdkb + h * sdkh, b * sdvb + h * sdvh
     db_off, dg_off = b * sdbb + h * sdbh, b * T * H + h   # dlog gamma: (B, T, H) contiguous
-    s_off = pid.to(tl.int64) * N * DK * DV
-    ptrs, smask = _state_ptrs(S0, s_off, DK, DV, BDK, BDV)
-    pT, _ = _state_ptrs(DHT, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
-    dS = tl.load(pT, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    ptrs, smask = _state_ptrs(S0, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    S = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    ptrs, _ = _state_ptrs(DS, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    dS = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
     NB = tl.cdiv(C * NH, BS)
     s = tl.arange(0, CP)
-    for back in range(N):
-        n = N - 1 - back
-        S = tl.load(ptrs + n * DK * DV, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
-        g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
-        c_end = tl.sum(g, 0)
-        # dr = T^{-T} du by blocks from the last: dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i), du_j
-        # gathering the readout's columns j from the queries of blocks i >= j
-        for rb in range(NB):
-            j = NB - 1 - rb
-            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-            b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-            c_j = _cum(g, tok_j, CP)
-            Kb_j = K_j * b_j[:, None]
-            Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
-            R = _decayed(_dot(Q_j, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_j[:, None], c_j, c_j)
-            du = _dot(Kb_j * tl.exp(c_end - c_j)[:, None], dS, PREC) + \
-                _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64), PREC)
-            for i in range(j + 1, NB):
-                m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-                K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-                Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
-                E = tl.exp(_cum(g, tok_i, CP)[:, None] - c_j[None, :])
-                du += _dot(tl.trans(_dot(Q_i, tl.trans(Kb_j), PREC) * E),
-                           _rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), PREC)
-                du -= _dot(tl.trans(_dot(K_i, tl.trans(Kb_j), PREC) * E),
-                           _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
-            dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
-            _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
-            tl.debug_barrier()  # the earlier blocks read dr back
-        dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
-        dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
-        dS_prev = dS * tl.exp(c_end)
-        # k, beta and q, a block of micro-steps j at a time: its rows and columns of dL = -(dr u^T)
-        # e^{c_i - c_l} (l < i) and of dread = dy u^T e^{c_t - c_l} (token(l) <= t, queries at micro-steps)
-        for j in range(NB):
-            m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-            K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-            b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-            c_j = _cum(g, tok_j, CP)
-            Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
-            dy_j = _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64)
-            U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
-            dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
-            dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
-            dq = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
-            db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
-            dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
-            for l in range(j + 1):  # rows j: the pairs with the blocks l <= j
-                m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
-                Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
-                    _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
-                U_l = tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64))
-                c_l = _cum(g, tok_l, CP)
-                A = _decayed(-_dot(dr_j, U_l, PREC), m_j[:, None] > m_l[None, :], c_j, c_l)
-                R = _decayed(_dot(dy_j, U_l, PREC), tok_l[None, :] <= tok_j[:, None], c_j, c_l)
-                dk += _dot(A, Kb_l, PREC)
-                dq += _dot(R, Kb_l, PREC)
-                if DECAY:
-                    dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1) + tl.sum(R * _dot(Q_j, tl.trans(Kb_l), PREC), 1)
-            for i in range(j, NB):  # columns j: the pairs with the blocks i >= j
-                m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-                K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-                Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
-                c_i = _cum(g, tok_i, CP)
-                A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
-                                   PREC), m_i[:, None] > m_j[None, :], c_i, c_j)
-                R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), tl.trans(U_j),
-                                  PREC), tok_j[None, :] <= tok_i[:, None], c_i, c_j)
-                dk += b_j[:, None] * (_dot(tl.trans(A), K_i, PREC) + _dot(tl.trans(R), Q_i, PREC))
-                col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0) + tl.sum(R * _dot(Q_i, tl.trans(K_j), PREC), 0)
-                db += col
-                dc -= b_j * col
-            e = tl.exp(c_j)
-            dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
-            dk += e[:, None] * dKh
-            dQh = _dot(dy_j, tl.trans(S), PREC)               # through e^{c} q in the readout
-            dq += e[:, None] * dQh
-            dc += e * (tl.sum(dKh * K_j, 1) + tl.sum(dQh * Q_j, 1))
-            dS_prev += _dot(tl.trans(Q_j * e[:, None]), dy_j, PREC) - _dot(tl.trans(K_j * e[:, None]), dr_j, PREC)
-            w = tl.exp(c_end - c_j)
-            dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
-            x = tl.sum(dKc * K_j, 1)
-            dk += (b_j * w)[:, None] * dKc
-            db += w * x
-            dc -= b_j * w * x
-            dce += tl.sum(b_j * w * x, 0)
-            if RAW:  # back through k = normalize(k_raw) and beta = 2 sigmoid(beta_raw)
-                raw = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-                norm = tl.sqrt(tl.sum(raw * raw, 1))
-                radial = tl.where(norm > NORM_EPS, tl.sum(K_j * dk, 1), 0.0)
-                dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
-                db = db * b_j * (1.0 - 0.5 * b_j)
-            _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
-            _put_rows(DQ, dq_off, sdqt, 0, t_j, m_j * 0, live_q, DK, dq, BDK)
-            tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty),
-                     mask=live_j)
+    g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+    c_end = tl.sum(g, 0)
+    # dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i)
+    for rb in range(NB):
+        j = NB - 1 - rb
+        m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+        K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+        b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
+        c_j = _cum(g, tok_j, CP)
+        Kb_j = K_j * b_j[:, None]
+        du = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
+        for i in range(j + 1, NB):
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+            K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+            E = tl.exp(_cum(g, tok_i, CP)[:, None] - c_j[None, :])
+            du -= _dot(tl.trans(_dot(K_i, tl.trans(Kb_j), PREC) * E),
+                       _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), PREC)
+        dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
+        _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
+        tl.debug_barrier()  # the earlier blocks read dr back
+    dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
+    dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
+    # k, beta and q, a block of micro-steps j at a time: its rows and columns of dL = -(dr u^T)
+    # e^{c_i - c_l} (l < i) and of dread = dy u^T e^{c_t - c_l} (token(l) <= t, queries at micro-steps)
+    for j in range(NB):
+        m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+        K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+        b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
+        c_j = _cum(g, tok_j, CP)
+        Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
+        dy_j = _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64)
+        U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+        dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
+        dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+        dq = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+        db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+        dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+        for l in range(j + 1):  # rows j: the pairs with the blocks l <= j
+            m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
+            Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
+                _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
+            U_l = tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64))
+            c_l = _cum(g, tok_l, CP)
+            A = _decayed(-_dot(dr_j, U_l, PREC), m_j[:, None] > m_l[None, :], c_j, c_l)
+            R = _decayed(_dot(dy_j, U_l, PREC), tok_l[None, :] <= tok_j[:, None], c_j, c_l)
+            dk += _dot(A, Kb_l, PREC)
+            dq += _dot(R, Kb_l, PREC)
             if DECAY:
-                dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
-        if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
-            dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
-            tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
-                     mask=(s < C) & (n * C + s < T))
-        dS = dS_prev
-    if HAS_H0:
-        p0, _ = _state_ptrs(DH0, pid.to(tl.int64) * DK * DV, DK, DV, BDK, BDV)
-        tl.store(p0, dS.to(DH0.dtype.element_ty), mask=smask)
+                dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1) + tl.sum(R * _dot(Q_j, tl.trans(Kb_l), PREC), 1)
+        for i in range(j, NB):  # columns j: the pairs with the blocks i >= j
+            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+            K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+            Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+            c_i = _cum(g, tok_i, CP)
+            A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
+                               PREC), m_i[:, None] > m_j[None, :], c_i, c_j)
+            R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), tl.trans(U_j),
+                              PREC), tok_j[None, :] <= tok_i[:, None], c_i, c_j)
+            dk += b_j[:, None] * (_dot(tl.trans(A), K_i, PREC) + _dot(tl.trans(R), Q_i, PREC))
+            col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0) + tl.sum(R * _dot(Q_i, tl.trans(K_j), PREC), 0)
+            db += col
+            dc -= b_j * col
+        e = tl.exp(c_j)
+        dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
+        dk += e[:, None] * dKh
+        dQh = _dot(dy_j, tl.trans(S), PREC)               # through e^{c} q in the readout
+        dq += e[:, None] * dQh
+        dc += e * (tl.sum(dKh * K_j, 1) + tl.sum(dQh * Q_j, 1))
+        w = tl.exp(c_end - c_j)
+        dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
+        x = tl.sum(dKc * K_j, 1)
+        dk += (b_j * w)[:, None] * dKc
+        db += w * x
+        dc -= b_j * w * x
+        dce += tl.sum(b_j * w * x, 0)
+        if RAW:  # back through k = normalize(k_raw) and beta = 2 sigmoid(beta_raw)
+            raw = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+            norm = tl.sqrt(tl.sum(raw * raw, 1))
+            radial = tl.where(norm > NORM_EPS, tl.sum(K_j * dk, 1), 0.0)
+            dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
+            db = db * b_j * (1.0 - 0.5 * b_j)
+        _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
+        _put_rows(DQ, dq_off, sdqt, 0, t_j, m_j * 0, live_q, DK, dq, BDK)
+        tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty),
+                 mask=live_j)
+        if DECAY:
+            dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
+    if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
+        dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
+        tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
+                 mask=(s < C) & (n * C + s < T))
 
 
 # ---- launches ------------------------------------------------------------------------------
 
+def _args(kernel, common, **options):
+    """The entries of `common` that `kernel` takes, plus launch options."""
+    names = set(kernel.arg_names)
+    return {**{name: value for name, value in common.items() if name in names}, **options}
+
+
 @planned
 def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
-    """The forward's arguments besides the tensors: k of `shape` (B, T, nh, H, d_k), chunks of C
-    tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
+    """The forward kernels' arguments besides the tensors, kernel by kernel: k of `shape` (B, T, nh,
+    H, d_k), chunks of C tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
     B, T, nh, H, dk = shape
-    return dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
-                svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
-                **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
-                H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=max(16, next_pow2(dk)),
-                BDV=max(16, next_pow2(dv)), CP=max(16, next_pow2(C)), BS=BS, DECAY=decay,
-                HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec, num_warps=WARPS if max(dk, dv) <= 16 else WIDE_WARPS)
+    bdk, bdv = max(16, next_pow2(dk)), max(16, next_pow2(dv))
+    common = dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
+                  svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
+                  **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
+                  H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=bdk, BDV=bdv, BV=min(bdv, WALK_BV),
+                  CP=max(16, next_pow2(C)), BS=BS, WB=min(WALK_ROWS, max(16, next_pow2(C * nh))), DECAY=decay,
+                  HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec)
+    return dict(common=common, solve=_args(_solve_kernel, common, num_warps=WARPS),
+                walk=_args(_walk_kernel, common, num_warps=WARPS),
+                readout=_args(_readout_kernel, common, num_warps=WARPS))
 
 
 @planned
 def _backward_plan(key, dq, dk, dv, dbeta):
-    """The backward's arguments: the forward's of `key` (what `_plan` takes) without v's strides (it
-    reads u), and the strides of the gradients it writes."""
-    args = {name: value for name, value in _plan(*key).items() if not name.startswith("sv")}
-    args.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
+    """The backward kernels' arguments: the forward's of `key` (what `_plan` takes) and the strides of
+    the gradients they write."""
+    common = dict(_plan(*key)["common"])
+    common.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
     for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta)):
-        args.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
-    return args
+        common.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
+    return dict(common=common, readout=_args(_readout_back_kernel, common, num_warps=WARPS),
+                walk=_args(_walk_back_kernel, common, num_warps=WARPS),
+                gradient=_args(_gradient_kernel, common, num_warps=WARPS))
 
 
 def _rows_last(x):
@@ -381,28 +499,39 @@ def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
 
 
 def _run_forward(q, k, v, beta, log_gamma, h0, chunk_size, raw):
-    """(y, h_T, u, the chunk-start states); q, k, v and log_gamma with unit last strides, h0 contiguous."""
+    """(y, h_T, u, w, the chunk-start states); q, k, v and log_gamma with unit last strides, h0
+    contiguous. Three launches: the chunks' solves, the walk, the chunks' readouts."""
     B, T, nh, H, dk = k.shape
     dv = v.shape[-1]
     plan = _plan(*_key(q, k, v, beta, log_gamma, h0, chunk_size, raw))
+    N, BV = plan["common"]["N"], plan["common"]["BV"]
     y, hT = q.new_empty(B, T, H, dv), q.new_empty(B, H, dk, dv)
-    u, starts = q.new_empty(B, T, nh, H, dv), q.new_empty(B, H, plan["N"], dk, dv)
-    launch(_forward_kernel, (B * H,), plan, Q=q, K=k, V=v, BETA=beta, G=q if log_gamma is None else log_gamma,
-           H0=q if h0 is None else h0, Y=y, U=u, S0=starts, HT=hT)
-    return y, hT, u, starts
+    u, w, starts = q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dk), q.new_empty(B, H, N, dk, dv)
+    G = q if log_gamma is None else log_gamma
+    launch(_solve_kernel, (N, B * H), plan["solve"], K=k, V=v, BETA=beta, G=G, U=u, W=w)
+    launch(_walk_kernel, (B * H, cdiv(dv, BV)), plan["walk"], K=k, BETA=beta, G=G, H0=q if h0 is None else h0,
+           U=u, W=w, S0=starts, HT=hT)
+    launch(_readout_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, Y=y)
+    return y, hT, u, w, starts
 
 
-def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, starts, dy, dhT, dq, dk, dv, dbeta):
+def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, w, starts, dy, dhT, dq, dk, dv, dbeta):
     """Fill dq, dk, dv, dbeta (any strides with a unit last one); return (dlog_gamma, dh0), empty
-    where the input is absent."""
+    where the input is absent. Three launches: the readouts' cotangents, the walk back, the chunks'
+    gradients."""
     B, T, nh, H, _ = k.shape
     plan = _backward_plan(_key(q, k, v, beta, log_gamma, h0, chunk_size, raw), dq.stride(), dk.stride(),
                           dv.stride(), dbeta.stride())
+    N, BV = plan["common"]["N"], plan["common"]["BV"]
     dg = torch.empty(log_gamma.shape, dtype=q.dtype, device=q.device) if log_gamma is not None else q.new_empty(0)
     dh0 = torch.empty(h0.shape, dtype=q.dtype, device=q.device) if h0 is not None else q.new_empty(0)
-    launch(_backward_kernel, (B * H,), plan, Q=q, K=k, BETA=beta, G=q if log_gamma is None else log_gamma, U=u,
-           S0=starts, DY=dy.contiguous(), DHT=dhT.contiguous(), DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg,
-           DH0=dh0 if h0 is not None else q)
+    ds = torch.empty(starts.shape, dtype=q.dtype, device=q.device)
+    G, dy = q if log_gamma is None else log_gamma, dy.contiguous()
+    launch(_readout_back_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, DY=dy, DVO=dv, DS=ds)
+    launch(_walk_back_kernel, (B * H, cdiv(v.shape[-1], BV)), plan["walk"], K=k, BETA=beta, G=G, W=w,
+           DHT=dhT.contiguous(), DVO=dv, DS=ds, DH0=dh0 if h0 is not None else q)
+    launch(_gradient_kernel, (N, B * H), plan["gradient"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, DY=dy, DS=ds,
+           DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg)
     return dg, dh0
 
 
@@ -414,33 +543,35 @@ def _contiguous(x):
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
              log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
-             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
     return _run_forward(q, k, v, beta, log_gamma, None if h0 is None else h0.contiguous(), chunk_size, False)
 
 
 def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
               log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor], chunk_size: int,
-              y: torch.Tensor, hT: torch.Tensor, u: torch.Tensor, starts: torch.Tensor, dy: torch.Tensor,
-              dhT: torch.Tensor, du: torch.Tensor, dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+              y: torch.Tensor, hT: torch.Tensor, u: torch.Tensor, w: torch.Tensor, starts: torch.Tensor,
+              dy: torch.Tensor, dhT: torch.Tensor, du: torch.Tensor, dw: torch.Tensor,
+              dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                  torch.Tensor, torch.Tensor,
                                                                                  torch.Tensor, torch.Tensor]:
     q, k, v, log_gamma = (_rows_last(x) for x in (q, k, v, log_gamma))
     dq, dk, dv, dbeta = _contiguous(q), _contiguous(k), _contiguous(v), _contiguous(beta)
-    dg, dh0 = _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, False, u, starts, dy, dhT, dq, dk, dv, dbeta)
+    dg, dh0 = _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, False, u, w, starts, dy, dhT, dq, dk, dv,
+                            dbeta)
     return dq, dk, dv, dbeta, dg, dh0
 
 
-# y and the final state carry gradients; u and the chunk-start states only carry the forward's
+# y and the final state carry gradients; u, w and the chunk-start states only carry the forward's
 # work to the backward
-_delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=2)
+_delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=3)
 
 
 # -- the rule on the layer's projection output (DeltaMinGRU's fused form) --
 
 def _layer_forward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
                    chunk_size: int, n_heads: int, nh: int, d_k: int,
-                   d_v: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   d_v: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     proj, log_gamma = proj.contiguous(), _rows_last(log_gamma)
     return _run_forward(*split_projection(proj, n_heads, nh, d_k, d_v), log_gamma,
                         None if h0 is None else h0.contiguous(), chunk_size, True)
@@ -448,17 +579,18 @@ def _layer_forward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: Op
 
 def _layer_backward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: Optional[torch.Tensor],
                     chunk_size: int, n_heads: int, nh: int, d_k: int, d_v: int, y: torch.Tensor, hT: torch.Tensor,
-                    u: torch.Tensor, starts: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor, du: torch.Tensor,
-                    dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    u: torch.Tensor, w: torch.Tensor, starts: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor,
+                    du: torch.Tensor, dw: torch.Tensor, dstarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                       torch.Tensor]:
     proj, log_gamma = proj.contiguous(), _rows_last(log_gamma)
     dproj = _contiguous(proj)  # the four gradients land in one buffer, laid out as proj
     dg, dh0 = _run_backward(*split_projection(proj, n_heads, nh, d_k, d_v), log_gamma, h0, chunk_size, True, u,
-                            starts, dy, dhT, *split_projection(dproj, n_heads, nh, d_k, d_v))
+                            w, starts, dy, dhT, *split_projection(dproj, n_heads, nh, d_k, d_v))
     return dproj, dg, dh0
 
 
 _delta_layer = scan_op("delta_layer", _layer_forward, _layer_backward, saved=tuple(range(8)), optional=(1, 2),
-                       aux=2)
+                       aux=3)
 
 
 def _check(x, others, dk, dv):
@@ -474,7 +606,7 @@ def delta_rule(q, k, v, beta, log_gamma, h0, chunk_size):
     beta with their nh axis, T >= 1): (y (B, T, H, d_v), h_T (B, H, d_k, d_v)). ScanFallback outside
     float32/float64 inputs of one dtype and d_k, d_v <= MAX_D."""
     _check(q, (k, v, beta, log_gamma, h0), k.shape[-1], v.shape[-1])
-    y, hT, _, _ = _delta_rule(q, k, v, beta, log_gamma, h0, chunk_size)
+    y, hT, *_ = _delta_rule(q, k, v, beta, log_gamma, h0, chunk_size)
     return y, hT
 
 
@@ -482,5 +614,5 @@ def delta_layer(proj, log_gamma, h0, chunk_size, n_heads, nh, d_k, d_v):
     """The Triton path of `delta.delta_layer`: the rule on DeltaMinGRU's projection output, its keys
     normalized and its write strengths gated inside the kernels, and its gradient in one buffer."""
     _check(proj, (log_gamma, h0), d_k, d_v)
-    y, hT, _, _ = _delta_layer(proj, log_gamma, h0, chunk_size, n_heads, nh, d_k, d_v)
+    y, hT, *_ = _delta_layer(proj, log_gamma, h0, chunk_size, n_heads, nh, d_k, d_v)
     return y, hT
