@@ -26,7 +26,7 @@ MIXERS = {
     # T = 100: two chunks, the kernels' solve and chain; T = 50 one chunk, the carried form's inverse kernel
     "DeltaMinGRU-chunked": lambda: mingru.DeltaMinGRU(32, 64, fused=False),
     "DeltaMinGRU-one-chunk": lambda: mingru.DeltaMinGRU(32, 64, fused=False),
-    "DeltaMinGRU-fused": lambda: mingru.DeltaMinGRU(32, 64, fused=True),  # two chunks in the fused kernels
+    "DeltaMinGRU-fused": lambda: mingru.DeltaMinGRU(32, 64, fused=True),  # two chunks in the fused form's kernels
     "DeltaMinGRU-fused-nh2": lambda: mingru.DeltaMinGRU(32, 64, nh=2, chunk_size=32, fused=True),  # 4 chunks
 }
 LENGTH = {"DeltaMinGRU-one-chunk": 50}  # T of a mixer's input (100 unless named here)

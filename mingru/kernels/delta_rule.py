@@ -15,8 +15,8 @@ chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the
 
 Forward: `_solve_kernel` (every chunk) forms u0 and w by blocks, u0_i = D_i (v_i - sum_{j<i} L_ij
 u0_j) with D_i = (I + L_ii)^{-1} from `triangular._unit_lower_inverse`, each block written out and
-read back by the later ones; `_walk_kernel` walks S through the chunks, turning u0 into u in place
-and storing S at each chunk start; `_readout_kernel` (every chunk) forms y. The readout's rows sit at
+read back by the later ones; `_walk_kernel` walks S through the chunks, turning u0 into u and
+storing S at each chunk start; `_readout_kernel` (every chunk) forms y. The readout's rows sit at
 micro-steps too: token t's query at its last micro-step, zero rows at the others (`_queries`). The
 backward keeps the inputs, u, w and the N chunk-start states: nothing of size M x M.
 
@@ -189,14 +189,14 @@ def _solve_kernel(K, V, BETA, G, U, W,
 
 
 @triton.jit
-def _walk_kernel(K, BETA, G, H0, U, W, S0, HT,
+def _walk_kernel(K, BETA, G, H0, U0, W, U, S0, HT,
                  skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                  H, T, C, NH, N, DK, DV,
                  BDK: tl.constexpr, BV: tl.constexpr, CP: tl.constexpr, WB: tl.constexpr,
                  DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                  PREC: tl.constexpr):
     """The only sequential part: one (batch row, head) program_id(0) and BV columns program_id(1) of
-    the state walk the chunks in order, u = u0 - w S in place in U, S' = e^{c_end} S + Kc^T u, and
+    the state walk the chunks in order, u = u0 - w S (u0 from U0, u into U), S' = e^{c_end} S + Kc^T u, and
     store S at each chunk start (S0, (B, H, N, DK, DV)) and at the end (HT)."""
     pid, v0 = tl.program_id(0), tl.program_id(1) * BV
     b, h = (pid // H).to(tl.int64), pid % H
@@ -217,7 +217,7 @@ def _walk_kernel(K, BETA, G, H0, U, W, S0, HT,
         S_end = S * tl.exp(c_end)
         for i in range(tl.cdiv(C * NH, WB)):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, WB)
-            u = _rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, BV, F64) - \
+            u = _rows(U0, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, BV, F64) - \
                 _dot(_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, BDK, F64), S, PREC)
             _put_rows(U, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, u, BV)
             Kc = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW) * \
@@ -259,21 +259,21 @@ def _readout_kernel(Q, K, BETA, G, U, S0, Y,
 
 
 @triton.jit
-def _readout_back_kernel(Q, K, BETA, G, DY, DVO, DS,
+def _readout_back_kernel(Q, K, BETA, G, DY, DU0, E,
                          sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
-                         sdvb, sdvt, sdvj, sdvh,
                          H, T, C, NH, N, DK, DV,
                          BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                          DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
     """The readout's cotangents of chunk program_id(0), one (batch row, head) program_id(1), before
-    the walk back: read^T dy into DVO (rows as v) and (diag(e^c) Q)^T dy into DS[n] ((B, H, N, DK, DV))."""
+    the walk back: read^T dy into DU0 (laid out as u) and (diag(e^c) Q)^T dy into E[n] ((B, H, N, DK, DV))."""
     n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    y_off, dv_off = b * T * H * DV + h * DV, b * sdvb + h * sdvh
+    su_t, su_j = NH * H * DV, H * DV
+    y_off, u_off = b * T * H * DV + h * DV, b * T * su_t + h * DV
     g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
     NB = tl.cdiv(C * NH, BS)
-    E = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
+    e = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
     for j in range(NB):
         m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
         c_j = _cum(g, tok_j, CP)
@@ -285,30 +285,31 @@ def _readout_back_kernel(Q, K, BETA, G, DY, DVO, DS,
             Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
             R = _decayed(_dot(Q_i, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_i[:, None], _cum(g, tok_i, CP), c_j)
             du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), PREC)
-        _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, du, BDV)
+        _put_rows(DU0, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, du, BDV)
         Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
-        E += _dot(tl.trans(Q_j * tl.exp(c_j)[:, None]), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64),
+        e += _dot(tl.trans(Q_j * tl.exp(c_j)[:, None]), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64),
                   PREC)
-    ptrs, smask = _state_ptrs(DS, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
-    tl.store(ptrs, E.to(DS.dtype.element_ty), mask=smask)
+    ptrs, smask = _state_ptrs(E, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    tl.store(ptrs, e.to(E.dtype.element_ty), mask=smask)
 
 
 @triton.jit
-def _walk_back_kernel(K, BETA, G, W, DHT, DVO, DS, DH0,
-                      skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh, sdvb, sdvt, sdvj, sdvh,
+def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
+                      skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                       H, T, C, NH, N, DK, DV,
                       BDK: tl.constexpr, BV: tl.constexpr, CP: tl.constexpr, WB: tl.constexpr,
                       DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                       PREC: tl.constexpr):
     """The walk back, one (batch row, head) program_id(0) and BV columns program_id(1) of the state's
-    cotangent dS from the last chunk: du = read^T dy + Kc dS' in place in DVO, dS = e^{c_end} dS'
-    + (diag(e^c) Q)^T dy - w^T du (since (diag(e^c) k)^T T^{-T} = w^T); DS[n] trades the readout's
-    term for dS' (the cotangent of chunk n's end state); DH0 gets the last dS."""
+    cotangent dS from the last chunk: du = read^T dy + Kc dS' (read^T dy from DU0, du into DU, both
+    laid out as u), dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - w^T du (since (diag(e^c) k)^T T^{-T} =
+    w^T; the readout's term from E[n]); DS[n] gets dS' (the cotangent of chunk n's end state), DH0
+    the last dS."""
     pid, v0 = tl.program_id(0), tl.program_id(1) * BV
     b, h = (pid // H).to(tl.int64), pid % H
     k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    sw_t, sw_j = NH * H * DK, H * DK
-    w_off, dv_off = b * T * sw_t + h * DK, b * sdvb + h * sdvh + v0
+    su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
+    w_off, u_off = b * T * sw_t + h * DK, b * T * su_t + h * DV + v0
     rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
     sp, smask = rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
     s_off = pid.to(tl.int64) * DK * DV
@@ -317,16 +318,16 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DVO, DS, DH0,
         n = N - 1 - back
         g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
         c_end = tl.sum(g, 0)
-        here = DS + s_off * N + n * DK * DV + sp
-        dS_prev = dS * tl.exp(c_end) + tl.load(here, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
-        tl.store(here, dS.to(DS.dtype.element_ty), mask=smask)
+        at = s_off * N + n * DK * DV + sp
+        dS_prev = dS * tl.exp(c_end) + tl.load(E + at, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+        tl.store(DS + at, dS.to(DS.dtype.element_ty), mask=smask)
         for i in range(tl.cdiv(C * NH, WB)):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, WB)
             Kc = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW) * \
                 (_betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW) *
                  tl.exp(c_end - _cum(g, tok_i, CP)))[:, None]
-            du = _rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV - v0, BV, F64) + _dot(Kc, dS, PREC)
-            _put_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV - v0, du, BV)
+            du = _rows(DU0, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, BV, F64) + _dot(Kc, dS, PREC)
+            _put_rows(DU, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, du, BV)
             dS_prev -= _dot(tl.trans(_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, BDK, F64)), du, PREC)
         dS = dS_prev
     if HAS_H0:
@@ -334,15 +335,15 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DVO, DS, DH0,
 
 
 @triton.jit
-def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DS, DQ, DKK, DVO, DB, DG,
+def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DU, DS, DQ, DKK, DVO, DB, DG,
                      sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                      sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
                      H, T, C, NH, N, DK, DV,
                      BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                      DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
     """The gradients of chunk program_id(0), one (batch row, head) program_id(1), from the walk
-    back's du (in DVO) and dS' (DS[n]): dr = T^{-T} du by blocks from the last, in place in DVO
-    (dv = dr), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
+    back's du (DU) and dS' (DS[n]): dr = T^{-T} du by blocks from the last, into DVO (dv = dr; the
+    earlier blocks read it back), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
     n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
@@ -366,7 +367,7 @@ def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DS, DQ, DKK, DVO, DB, DG,
         b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
         c_j = _cum(g, tok_j, CP)
         Kb_j = K_j * b_j[:, None]
-        du = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
+        du = _rows(DU, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
         for i in range(j + 1, NB):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
             K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
@@ -506,11 +507,13 @@ def _run_forward(q, k, v, beta, log_gamma, h0, chunk_size, raw):
     plan = _plan(*_key(q, k, v, beta, log_gamma, h0, chunk_size, raw))
     N, BV = plan["common"]["N"], plan["common"]["BV"]
     y, hT = q.new_empty(B, T, H, dv), q.new_empty(B, H, dk, dv)
-    u, w, starts = q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dk), q.new_empty(B, H, N, dk, dv)
-    G = q if log_gamma is None else log_gamma
-    launch(_solve_kernel, (N, B * H), plan["solve"], K=k, V=v, BETA=beta, G=G, U=u, W=w)
+    u0, u, w = q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dk)
+    starts, G = q.new_empty(B, H, N, dk, dv), q if log_gamma is None else log_gamma
+    # every kernel writes buffers of its own: no launch changes what an earlier one wrote, so a
+    # compiler that orders launches and reuses buffers by their writers sees every dependency
+    launch(_solve_kernel, (N, B * H), plan["solve"], K=k, V=v, BETA=beta, G=G, U=u0, W=w)
     launch(_walk_kernel, (B * H, cdiv(dv, BV)), plan["walk"], K=k, BETA=beta, G=G, H0=q if h0 is None else h0,
-           U=u, W=w, S0=starts, HT=hT)
+           U0=u0, W=w, U=u, S0=starts, HT=hT)
     launch(_readout_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, Y=y)
     return y, hT, u, w, starts
 
@@ -525,13 +528,13 @@ def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, w, starts, d
     N, BV = plan["common"]["N"], plan["common"]["BV"]
     dg = torch.empty(log_gamma.shape, dtype=q.dtype, device=q.device) if log_gamma is not None else q.new_empty(0)
     dh0 = torch.empty(h0.shape, dtype=q.dtype, device=q.device) if h0 is not None else q.new_empty(0)
-    ds = torch.empty(starts.shape, dtype=q.dtype, device=q.device)
+    du0, du, e, ds = _contiguous(u), _contiguous(u), _contiguous(starts), _contiguous(starts)
     G, dy = q if log_gamma is None else log_gamma, dy.contiguous()
-    launch(_readout_back_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, DY=dy, DVO=dv, DS=ds)
+    launch(_readout_back_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, DY=dy, DU0=du0, E=e)
     launch(_walk_back_kernel, (B * H, cdiv(v.shape[-1], BV)), plan["walk"], K=k, BETA=beta, G=G, W=w,
-           DHT=dhT.contiguous(), DVO=dv, DS=ds, DH0=dh0 if h0 is not None else q)
-    launch(_gradient_kernel, (N, B * H), plan["gradient"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, DY=dy, DS=ds,
-           DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg)
+           DHT=dhT.contiguous(), DU0=du0, E=e, DU=du, DS=ds, DH0=dh0 if h0 is not None else q)
+    launch(_gradient_kernel, (N, B * H), plan["gradient"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, DY=dy, DU=du,
+           DS=ds, DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg)
     return dg, dh0
 
 
