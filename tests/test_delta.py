@@ -147,7 +147,8 @@ interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter 
     (1, 40, 2, 16, 16, 1, 16, True, True),   # one block of micro-steps a chunk
     (1, 41, 1, 16, 8, 3, 20, True, True),    # M = 60 micro-steps: four blocks, token blocks astride them
     (1, 20, 2, 8, 8, 1, 64, False, False),   # one chunk (the seed's lab case at small size)
-], ids=["3-chunks", "nh2-gated-zero-start", "one-block", "nh3-four-blocks", "one-chunk"])
+    (1, 30, 1, 8, 40, 2, 20, True, True),    # the walks: two column programs (the last partial), two row steps
+], ids=["3-chunks", "nh2-gated-zero-start", "one-block", "nh3-four-blocks", "one-chunk", "walks-split"])
 @interpreted
 def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated, start, triton_mode):
     q, k, v, beta, h_0, *lg = _inputs(B, T, H, d_k, d_v, nh, gated)
