@@ -134,9 +134,16 @@ def _betas(BETA, off, st, sj, t, j, live, F64: tl.constexpr, RAW: tl.constexpr):
 
 
 @triton.jit
+def _state_tile(DK, DV, v0, BDK: tl.constexpr, BV: tl.constexpr):
+    """Element offsets and mask of columns v0 .. v0 + BV of a DK x DV state, as a (BDK, BV) tile."""
+    rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
+    return rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+
+
+@triton.jit
 def _state_ptrs(P, off, DK, DV, BDK: tl.constexpr, BDV: tl.constexpr):
-    rk, rv = tl.arange(0, BDK), tl.arange(0, BDV)
-    return P + off + rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+    cells, mask = _state_tile(DK, DV, 0, BDK, BDV)
+    return P + off + cells, mask
 
 
 @triton.jit
@@ -203,8 +210,7 @@ def _walk_kernel(K, BETA, G, H0, U0, W, U, S0, HT,
     k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
     su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
     u_off, w_off = b * T * su_t + h * DV + v0, b * T * sw_t + h * DK
-    rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
-    sp, smask = rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+    sp, smask = _state_tile(DK, DV, v0, BDK, BV)
     s_off = pid.to(tl.int64) * DK * DV
     if HAS_H0:
         S = tl.load(H0 + s_off + sp, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
@@ -310,8 +316,7 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
     k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
     su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
     w_off, u_off = b * T * sw_t + h * DK, b * T * su_t + h * DV + v0
-    rk, rv = tl.arange(0, BDK), v0 + tl.arange(0, BV)
-    sp, smask = rk[:, None] * DV + rv[None, :], (rk[:, None] < DK) & (rv[None, :] < DV)
+    sp, smask = _state_tile(DK, DV, v0, BDK, BV)
     s_off = pid.to(tl.int64) * DK * DV
     dS = tl.load(DHT + s_off + sp, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
     for back in range(N):
