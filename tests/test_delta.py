@@ -264,7 +264,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mingru.kernels import delta_rule as fused
 key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 3, False, True, True, True, "ieee")
-forward, backward = fused._plan(*key), fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4)
+forward, backward = fused._plan(*key), fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 4)
 for kernel, args in ((fused._solve_kernel, forward["solve"]), (fused._walk_kernel, forward["walk"]),
                      (fused._readout_kernel, forward["readout"]), (fused._readout_back_kernel, backward["readout"]),
                      (fused._walk_back_kernel, backward["walk"]), (fused._gradient_kernel, backward["gradient"])):

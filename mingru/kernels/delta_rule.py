@@ -42,7 +42,8 @@ import triton.language as tl
 
 from mingru.delta import split_projection
 from mingru.dispatch import ScanFallback
-from mingru.kernels.common import cdiv, check_envelope, dot_precision, launch, next_pow2, planned, scan_op
+from mingru.kernels.common import (cdiv, check_envelope, dot_precision, is_wrap_triton_enabled, launch, next_pow2,
+                                   planned, scan_op)
 from mingru.kernels.triangular import _unit_lower_inverse
 
 BS = 16     # micro-steps per block of the chunk's triangular system
@@ -203,7 +204,8 @@ def _walk_kernel(K, BETA, G, H0, U0, W, U, S0, HT,
                  DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                  PREC: tl.constexpr):
     """The only sequential part: one (batch row, head) program_id(0) and BV columns program_id(1) of
-    the state walk the chunks in order, u = u0 - w S (u0 from U0, u into U), S' = e^{c_end} S + Kc^T u, and
+    the state walk the chunks in order, u = u0 - w S (u0 from U0, u into U; they may be one buffer),
+    S' = e^{c_end} S + Kc^T u, and
     store S at each chunk start (S0, (B, H, N, DK, DV)) and at the end (HT)."""
     pid, v0 = tl.program_id(0), tl.program_id(1) * BV
     b, h = (pid // H).to(tl.int64), pid % H
@@ -267,16 +269,16 @@ def _readout_kernel(Q, K, BETA, G, U, S0, Y,
 @triton.jit
 def _readout_back_kernel(Q, K, BETA, G, DY, DU0, E,
                          sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                         sdub, sdut, sduj, sduh,
                          H, T, C, NH, N, DK, DV,
                          BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                          DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
     """The readout's cotangents of chunk program_id(0), one (batch row, head) program_id(1), before
-    the walk back: read^T dy into DU0 (laid out as u) and (diag(e^c) Q)^T dy into E[n] ((B, H, N, DK, DV))."""
+    the walk back: read^T dy into DU0 (strides sdu*) and (diag(e^c) Q)^T dy into E[n] ((B, H, N, DK, DV))."""
     n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    su_t, su_j = NH * H * DV, H * DV
-    y_off, u_off = b * T * H * DV + h * DV, b * T * su_t + h * DV
+    y_off, du_off = b * T * H * DV + h * DV, b * sdub + h * sduh
     g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
     NB = tl.cdiv(C * NH, BS)
     e = tl.zeros([BDK, BDV], tl.float64 if F64 else tl.float32)
@@ -291,7 +293,7 @@ def _readout_back_kernel(Q, K, BETA, G, DY, DU0, E,
             Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
             R = _decayed(_dot(Q_i, tl.trans(Kb_j), PREC), tok_j[None, :] <= tok_i[:, None], _cum(g, tok_i, CP), c_j)
             du += _dot(tl.trans(R), _rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), PREC)
-        _put_rows(DU0, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, du, BDV)
+        _put_rows(DU0, du_off, sdut, sduj, t_j, m_j % NH, live_j, DV, du, BDV)
         Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
         e += _dot(tl.trans(Q_j * tl.exp(c_j)[:, None]), _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64),
                   PREC)
@@ -301,21 +303,21 @@ def _readout_back_kernel(Q, K, BETA, G, DY, DU0, E,
 
 @triton.jit
 def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
-                      skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                      skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh, sdub, sdut, sduj, sduh,
                       H, T, C, NH, N, DK, DV,
                       BDK: tl.constexpr, BV: tl.constexpr, CP: tl.constexpr, WB: tl.constexpr,
                       DECAY: tl.constexpr, HAS_H0: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr,
                       PREC: tl.constexpr):
     """The walk back, one (batch row, head) program_id(0) and BV columns program_id(1) of the state's
     cotangent dS from the last chunk: du = read^T dy + Kc dS' (read^T dy from DU0, du into DU, both
-    laid out as u), dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - w^T du (since (diag(e^c) k)^T T^{-T} =
-    w^T; the readout's term from E[n]); DS[n] gets dS' (the cotangent of chunk n's end state), DH0
-    the last dS."""
+    with strides sdu*; they may be one buffer), dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - w^T du (since (diag(e^c) k)^T T^{-T} =
+    w^T; the readout's term from E[n]); DS[n] gets dS' (the cotangent of chunk n's end state; DS may
+    be E), DH0 the last dS."""
     pid, v0 = tl.program_id(0), tl.program_id(1) * BV
     b, h = (pid // H).to(tl.int64), pid % H
     k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    su_t, su_j, sw_t, sw_j = NH * H * DV, H * DV, NH * H * DK, H * DK
-    w_off, u_off = b * T * sw_t + h * DK, b * T * su_t + h * DV + v0
+    sw_t, sw_j = NH * H * DK, H * DK
+    w_off, du_off = b * T * sw_t + h * DK, b * sdub + h * sduh + v0
     sp, smask = _state_tile(DK, DV, v0, BDK, BV)
     s_off = pid.to(tl.int64) * DK * DV
     dS = tl.load(DHT + s_off + sp, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
@@ -331,8 +333,8 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
             Kc = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW) * \
                 (_betas(BETA, beta_off, sbt, sbj, t_i, m_i % NH, live_i, F64, RAW) *
                  tl.exp(c_end - _cum(g, tok_i, CP)))[:, None]
-            du = _rows(DU0, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, BV, F64) + _dot(Kc, dS, PREC)
-            _put_rows(DU, u_off, su_t, su_j, t_i, m_i % NH, live_i, DV - v0, du, BV)
+            du = _rows(DU0, du_off, sdut, sduj, t_i, m_i % NH, live_i, DV - v0, BV, F64) + _dot(Kc, dS, PREC)
+            _put_rows(DU, du_off, sdut, sduj, t_i, m_i % NH, live_i, DV - v0, du, BV)
             dS_prev -= _dot(tl.trans(_rows(W, w_off, sw_t, sw_j, t_i, m_i % NH, live_i, DK, BDK, F64)), du, PREC)
         dS = dS_prev
     if HAS_H0:
@@ -343,12 +345,13 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
 def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DU, DS, DQ, DKK, DVO, DB, DG,
                      sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
                      sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
+                     sdub, sdut, sduj, sduh,
                      H, T, C, NH, N, DK, DV,
                      BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
                      DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
     """The gradients of chunk program_id(0), one (batch row, head) program_id(1), from the walk
-    back's du (DU) and dS' (DS[n]): dr = T^{-T} du by blocks from the last, into DVO (dv = dr; the
-    earlier blocks read it back), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
+    back's du (DU, strides sdu*; it may be DVO) and dS' (DS[n]): dr = T^{-T} du by blocks from the
+    last, into DVO (dv = dr; the earlier blocks read it back), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
     n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
     q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
@@ -372,7 +375,7 @@ def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DU, DS, DQ, DKK, DVO, DB, DG,
         b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
         c_j = _cum(g, tok_j, CP)
         Kb_j = K_j * b_j[:, None]
-        du = _rows(DU, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+        du = _rows(DU, b * sdub + h * sduh, sdut, sduj, t_j, m_j % NH, live_j, DV, BDV, F64)
         for i in range(j + 1, NB):
             m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
             K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
@@ -481,12 +484,12 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
 
 
 @planned
-def _backward_plan(key, dq, dk, dv, dbeta):
+def _backward_plan(key, dq, dk, dv, dbeta, du):
     """The backward kernels' arguments: the forward's of `key` (what `_plan` takes) and the strides of
     the gradients they write."""
     common = dict(_plan(*key)["common"])
     common.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
-    for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta)):
+    for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta), ("sdu", du)):
         common.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
     return dict(common=common, readout=_args(_readout_back_kernel, common, num_warps=WARPS),
                 walk=_args(_walk_back_kernel, common, num_warps=WARPS),
@@ -504,6 +507,17 @@ def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
             log_gamma is not None, h0 is not None, raw, dot_precision())
 
 
+def _own(buffer, fresh=None):
+    """The buffer a launch writes where an earlier launch wrote `buffer`: `buffer` itself in eager
+    (each kernel reads what it replaces before writing it, program by program), and a buffer of its
+    own (`fresh`, or one like `buffer`) under a tracer: torch.compile gave wrong results when a
+    launch rewrote a buffer an earlier launch had written, and with one writer per buffer it sees
+    every dependency."""
+    if not is_wrap_triton_enabled():
+        return buffer
+    return _contiguous(buffer) if fresh is None else fresh
+
+
 def _run_forward(q, k, v, beta, log_gamma, h0, chunk_size, raw):
     """(y, h_T, u, w, the chunk-start states); q, k, v and log_gamma with unit last strides, h0
     contiguous. Three launches: the chunks' solves, the walk, the chunks' readouts."""
@@ -512,10 +526,9 @@ def _run_forward(q, k, v, beta, log_gamma, h0, chunk_size, raw):
     plan = _plan(*_key(q, k, v, beta, log_gamma, h0, chunk_size, raw))
     N, BV = plan["common"]["N"], plan["common"]["BV"]
     y, hT = q.new_empty(B, T, H, dv), q.new_empty(B, H, dk, dv)
-    u0, u, w = q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dk)
+    u, w = q.new_empty(B, T, nh, H, dv), q.new_empty(B, T, nh, H, dk)
     starts, G = q.new_empty(B, H, N, dk, dv), q if log_gamma is None else log_gamma
-    # every kernel writes buffers of its own: no launch changes what an earlier one wrote, so a
-    # compiler that orders launches and reuses buffers by their writers sees every dependency
+    u0 = _own(u)
     launch(_solve_kernel, (N, B * H), plan["solve"], K=k, V=v, BETA=beta, G=G, U=u0, W=w)
     launch(_walk_kernel, (B * H, cdiv(dv, BV)), plan["walk"], K=k, BETA=beta, G=G, H0=q if h0 is None else h0,
            U0=u0, W=w, U=u, S0=starts, HT=hT)
@@ -528,12 +541,14 @@ def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, w, starts, d
     where the input is absent. Three launches: the readouts' cotangents, the walk back, the chunks'
     gradients."""
     B, T, nh, H, _ = k.shape
+    du = _own(dv, _contiguous(u))  # read^T dy, then du, then (in the last kernel) dr = dv
+    du0, e = _own(du), _contiguous(starts)
     plan = _backward_plan(_key(q, k, v, beta, log_gamma, h0, chunk_size, raw), dq.stride(), dk.stride(),
-                          dv.stride(), dbeta.stride())
+                          dv.stride(), dbeta.stride(), du.stride())
     N, BV = plan["common"]["N"], plan["common"]["BV"]
     dg = torch.empty(log_gamma.shape, dtype=q.dtype, device=q.device) if log_gamma is not None else q.new_empty(0)
     dh0 = torch.empty(h0.shape, dtype=q.dtype, device=q.device) if h0 is not None else q.new_empty(0)
-    du0, du, e, ds = _contiguous(u), _contiguous(u), _contiguous(starts), _contiguous(starts)
+    ds = _own(e)
     G, dy = q if log_gamma is None else log_gamma, dy.contiguous()
     launch(_readout_back_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, DY=dy, DU0=du0, E=e)
     launch(_walk_back_kernel, (B * H, cdiv(v.shape[-1], BV)), plan["walk"], K=k, BETA=beta, G=G, W=w,
