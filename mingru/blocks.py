@@ -27,7 +27,7 @@ MIXERS = {
 
 def mixer_class(name):
     """The mixer class registered under `name` (one of MIXERS)."""
-    if name not in MIXERS:
+    if not isinstance(name, str) or name not in MIXERS:
         raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {name!r}")
     module, cls = MIXERS[name][0].split(":")
     return getattr(importlib.import_module(module), cls)
@@ -44,6 +44,10 @@ class MinGRUBlock(nn.Module):
                  mixer_kwargs=None):
         super().__init__()
         check_sizes("MinGRUBlock", d_model=d_model)
+        if not isinstance(mlp_expansion, int) or isinstance(mlp_expansion, bool):
+            raise TypeError(f"MinGRUBlock: mlp_expansion must be an int (hidden width = mlp_expansion * d_model; "
+                            f"0 or less: no MLP), got {mlp_expansion!r}")
+        _check_kwargs("MinGRUBlock", mixer_kwargs)
         cls = mixer_class(mixer)
         kwargs = dict(mixer_kwargs or {})
         if MIXERS[mixer][1]:
@@ -80,8 +84,15 @@ class MinGRUBlock(nn.Module):
         return self._mlp(x_t + y), state
 
 
+def _check_kwargs(owner, mixer_kwargs):
+    if mixer_kwargs is not None and not isinstance(mixer_kwargs, dict):
+        raise TypeError(f"{owner}: mixer_kwargs must be a dict of keyword arguments or None, "
+                        f"got {type(mixer_kwargs).__name__}")
+
+
 def _mixer_plan(mixer, mixer_kwargs, n_layers):
     """One (name, kwargs) per layer. A str mixer takes flat kwargs; a list takes kwargs keyed by name."""
+    _check_kwargs("MinGRUStack", mixer_kwargs)
     if isinstance(mixer, str):
         clash = sorted(set(mixer_kwargs or {}) & set(MIXERS))
         if clash:
@@ -141,6 +152,9 @@ class MinGRUStack(nn.Module):
         if not any(decays):
             check_delta_t_pairing(None, delta_t)
         state = self.init_state() if state is None else state
+        if not isinstance(state, (list, tuple)):
+            raise TypeError(f"state must be a list of n_layers = {len(self.blocks)} entries (from init_state, "
+                            f"forward or step), got {type(state).__name__}")
         if len(state) != len(self.blocks):
             raise ValueError(f"state must be a list of n_layers = {len(self.blocks)} entries, "
                              f"got {len(state)}")

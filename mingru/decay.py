@@ -22,6 +22,7 @@ on the decay setting), then in `forward`/`step` call `dt = self._prepare_decay(d
 and, when dt is not None, fold `self._decay_log_gamma(dt)` or `self._decay_gamma(dt)` in.
 """
 import math
+import numbers
 import warnings
 
 import torch
@@ -48,20 +49,29 @@ def check_delta_t_pairing(decay, delta_t):
                          "decay='fixed' or decay='learnable' to use delta_t")
 
 
-def normalize_delta_t(delta_t, lead, log1p_delta=False):
-    """Check delta_t against the leading shape `lead`, clean it and apply f.
+def normalize_delta_t(delta_t, lead, log1p_delta=False, like=None):
+    """Check delta_t against the leading shape `lead` (and, given `like`, its device), clean it and
+    apply f; delta_t is cast to float32, or to float64 where `like` is float64 (without `like`,
+    integers to the default dtype).
 
     Returns (dt of shape broadcastable to lead, whether bad entries were seen; CPU only).
     """
     if not isinstance(delta_t, torch.Tensor):
         raise TypeError(f"delta_t must be a torch.Tensor of shape {_shape_str(lead)}, "
                         f"got {type(delta_t).__name__}")
+    if delta_t.is_complex():
+        raise TypeError(f"delta_t must be real (elapsed times), got {delta_t.dtype}")
+    if like is not None and delta_t.device != like.device:
+        raise ValueError(f"delta_t is on {delta_t.device} but the mixer is on {like.device}; "
+                         "put them on one device")
     if delta_t.dim() == len(lead) + 1 and delta_t.shape[-1] == 1:
         delta_t = delta_t.squeeze(-1)
     if delta_t.dim() != len(lead) or any(s not in (1, n) for s, n in zip(delta_t.shape, lead)):
         raise ValueError(f"delta_t must have shape {_shape_str(lead)} = {tuple(lead)} "
                          f"(or with a trailing size-1 dim), got {tuple(delta_t.shape)}")
-    if not delta_t.is_floating_point():
+    if like is not None:  # float32, or float64 for a float64 module: the precision of the gates' math
+        delta_t = delta_t.to(torch.promote_types(like.dtype, torch.float32))
+    elif not delta_t.is_floating_point():
         delta_t = delta_t.to(torch.get_default_dtype())
     bad = False
     if data_checkable(delta_t):
@@ -81,15 +91,21 @@ class DecayMixin:
         """Store the decay setting and register `decay_rate_buf` or `rho` (no random draws)."""
         if decay not in DECAY_MODES:
             raise ValueError(f"decay must be None, 'fixed' or 'learnable', got {decay!r}")
-        if decay is not None and not decay_rate > 0:
-            raise ValueError(f"decay_rate must be > 0 when decay={decay!r}, got {decay_rate!r}")
+        one = isinstance(decay_rate, torch.Tensor) and decay_rate.numel() == 1
+        rate = decay_rate.item() if one else decay_rate
+        if decay is not None:
+            if not isinstance(rate, numbers.Real) or isinstance(rate, bool):
+                raise TypeError(f"decay_rate must be a positive number when decay={decay!r}, got {decay_rate!r}")
+            if not (0 < rate < math.inf):
+                raise ValueError(f"decay_rate must be > 0 and finite when decay={decay!r}, got {decay_rate!r}")
         self.decay, self.decay_rate, self.log1p_delta = decay, decay_rate, log1p_delta
         self._warned_negative_dt = False
         if decay == "fixed":
-            self.register_buffer("decay_rate_buf", torch.full((), float(decay_rate)))
+            self.register_buffer("decay_rate_buf", torch.full((), float(rate)))
         elif decay == "learnable":
             # softplus^-1(decay_rate), so that lambda starts at decay_rate
-            rho0 = math.log(math.expm1(decay_rate))
+            # (in the form that does not overflow for large rates where expm1 would)
+            rho0 = math.log(math.expm1(rate)) if rate < 20 else rate + math.log1p(-math.exp(-rate))
             self.rho = nn.Parameter(torch.full((num_channels,), rho0))
 
     def _decay_lambda(self):
@@ -109,7 +125,8 @@ class DecayMixin:
         check_delta_t_pairing(self.decay, delta_t)
         if delta_t is None:
             return None
-        dt, bad = normalize_delta_t(delta_t, tuple(lead), self.log1p_delta)
+        dt, bad = normalize_delta_t(delta_t, tuple(lead), self.log1p_delta,
+                                    self.decay_rate_buf if self.decay == "fixed" else self.rho)
         if bad and not self._warned_negative_dt:
             warnings.warn("delta_t has negative, NaN or infinite entries; they were replaced "
                           f"(NaN, -inf and negatives by 0, +inf by {POSINF_CAP:g})", stacklevel=3)

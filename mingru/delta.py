@@ -26,7 +26,7 @@ from mingru import scans
 from mingru.decay import DecayMixin
 from mingru.dispatch import dispatch, runs_eager
 from mingru.mixers import stacked_params
-from mingru.validate import check_input, check_sizes, data_checkable
+from mingru.validate import check_input, check_sizes, check_state, data_checkable
 
 # In float32, one enormous log gamma would swamp the chunk's cumulative sum of log gammas and
 # blur the decay of its neighbours; exp(-88) is already 0 in float32, so clamping there changes
@@ -501,6 +501,7 @@ class DeltaMinGRU(DecayMixin, nn.Module):
             got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
             raise ValueError(f"{name} must have shape {want} (B, {'1, ' if len(want) == 3 else ''}"
                              f"n_heads*d_k*d_v), got {got}")
+        check_state("DeltaMinGRU", name, h, like)
         return h.reshape(want[0], self.n_heads, self.d_k, self.d_v)
 
     def forward(self, x, h_0=None, delta_t=None, return_state=False):

@@ -14,7 +14,7 @@ from torch import nn
 from mingru import dispatch, ops, scans
 from mingru.decay import DecayMixin
 from mingru.scans import g
-from mingru.validate import check_input, check_sizes, data_checkable
+from mingru.validate import check_flag, check_input, check_sizes, check_state, data_checkable
 
 
 def _linears(input_size, sizes, bias):
@@ -54,6 +54,7 @@ class _Mixer(DecayMixin, nn.Module):
             sym = "(B, hidden_size)" if step else "(B, 1, hidden_size)"
             raise ValueError(f"{type(self).__name__}: {arg} must have shape {sym} = {want}, "
                              f"got {tuple(getattr(h, 'shape', ())) or type(h).__name__}")
+        check_state(type(self).__name__, "h_prev" if step else "h_0", h, x)
         return h
 
     def _dt(self, delta_t, x):
@@ -173,6 +174,7 @@ class SignedMinGRU(_Mixer):
     def __init__(self, input_size, hidden_size, bias=True, learnable_h0=False, coupled=False,
                  decay=None, decay_rate=1.0, log1p_delta=False):
         super().__init__(input_size, hidden_size)
+        check_flag("SignedMinGRU", coupled=coupled)
         self.coupled = coupled
         self.linear_z, self.linear_h, self.linear_s = _linears(input_size, [hidden_size] * 3, bias)
         self.h0 = nn.Parameter(torch.zeros(1, 1, hidden_size)) if learnable_h0 else None
@@ -266,7 +268,8 @@ class RotationMinGRU(_BlockMixer):
         if hidden_size % 2:
             raise ValueError(f"RotationMinGRU: hidden_size must be even (n_blocks = hidden_size / 2 "
                              f"planes), got {hidden_size}")
-        if snap is not None and (len(snap) == 0 or any(int(s) < 1 for s in snap)):
+        if snap is not None and (not isinstance(snap, (tuple, list)) or len(snap) == 0 or any(
+                not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in snap)):
             raise ValueError(f"RotationMinGRU: snap must be None or a non-empty tuple of positive "
                              f"ints, got {snap!r}")
         self.k, self.n_blocks, self.snap = 2, hidden_size // 2, snap
@@ -318,7 +321,8 @@ class GivensMinGRU(_BlockMixer):
         if hidden_size % block_size:
             raise ValueError(f"GivensMinGRU: hidden_size ({hidden_size}) must be divisible by "
                              f"block_size ({block_size})")
-        if not isinstance(rounds, int) or rounds < 1:
+        check_flag("GivensMinGRU", fused=fused)
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
             raise ValueError(f"GivensMinGRU: rounds must be an int >= 1, got {rounds!r}")
         self.k, self.n_blocks, self.rounds, self.fused = block_size, hidden_size // block_size, rounds, fused
         n_angles = self.n_blocks * rounds * (block_size // 2)

@@ -5,16 +5,19 @@ An empty sequence (T == 0) has no states: each op returns empty outputs of its d
 (copies of its inputs' empty slices, so autograd still reaches the inputs) and runs no kernel.
 """
 from mingru import scans
-from mingru.dispatch import dispatch
+from mingru.dispatch import dispatch, using
 from mingru.validate import checked as _checked
 
 
 def _run(name, eager, sizes, empty, *args):
     """dispatch(name, eager, *args); over no steps (sizes["T"] == 0) clones of `empty`, the (empty)
-    inputs whose shapes the outputs have, and no kernel runs."""
+    inputs whose shapes the outputs have, and no kernel runs; with another size 0, the eager scan."""
     if not sizes["T"]:
         copies = tuple(x.clone() for x in empty)
         return copies if len(copies) > 1 else copies[0]
+    if 0 in sizes.values():  # another axis is empty: the eager scan (no kernel is built for it)
+        with using("eager"):
+            return dispatch(name, eager, *args)
     return dispatch(name, eager, *args)
 
 
@@ -142,6 +145,9 @@ def rotation_recurrence(angles, decay, u, h0=None, scale=None):
                                              ("decay", decay, ("B", "T", "n")),
                                              ("u", u, ("B", "T", "n", "k")), ("h0", h0, ("B", "n", "k")),
                                              ("scale", scale, ("B", "T", "n"))])
+    if not sizes["L"]:
+        raise ValueError(f"rotation_recurrence: angles must hold at least one layer of rotations (L >= 1 in "
+                         f"(B, T, n, L, k/2)), got shape {tuple(angles.shape)}")
     if sizes["k"] != 2 * sizes["half"]:
         raise ValueError(f"rotation_recurrence: angles must have k/2 = {sizes['k'] // 2} angles per "
                          f"layer for u with k = {sizes['k']}, got {sizes['half']} (shape {tuple(angles.shape)})")

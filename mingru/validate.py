@@ -3,6 +3,7 @@ import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # every op's dtypes, kernels included
 BLOCK_SIZES = (1, 2, 4, 8, 16)  # the k and v the matrix kernels are compiled for (others run eager)
+OPTIONAL = ("h0", "bias", "scale")  # the ops' arguments that may be None; every other one is required
 
 
 def data_checkable(x):
@@ -12,13 +13,19 @@ def data_checkable(x):
 
 
 def check_tensors(op, **tensors):
-    """Every named tensor: a torch.Tensor of a floating dtype; all on one device, one dtype."""
+    """Every named tensor: a dense torch.Tensor of a floating dtype (None only for the OPTIONAL
+    names); all on one device, one dtype."""
     first = None
     for name, x in tensors.items():
         if x is None:
-            continue
+            if name in OPTIONAL:
+                continue
+            raise TypeError(f"{op}: {name} is required (a torch.Tensor), got None")
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.layout != torch.strided:
+            raise TypeError(f"{op}: {name} has layout {x.layout}; expected a dense (strided) tensor, "
+                            "e.g. x.to_dense()")
         if x.dtype not in FLOATS:
             raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected float16, bfloat16, "
                             "float32 or float64")
@@ -39,6 +46,24 @@ def check_sizes(owner, **sizes):
     for name, v in sizes.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+
+
+def check_flag(owner, **flags):
+    """Every named constructor switch must be a bool."""
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise TypeError(f"{owner}: {name} must be True or False, got {v!r}")
+
+
+def check_state(owner, name, h, x):
+    """A given state beside the input x: a floating-point tensor on x's device of x's dtype (under
+    autocast, of any floating dtype: the mixer casts it). Its shape is the caller's check."""
+    if not torch.is_floating_point(h):
+        raise TypeError(f"{owner}: {name} must be a floating-point tensor of x's dtype {x.dtype}, got {h.dtype}")
+    if h.device != x.device:
+        raise ValueError(f"{owner}: {name} is on {h.device} but x is on {x.device}; put them on one device")
+    if h.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{owner}: {name} has dtype {h.dtype} but x has {x.dtype}; pass one dtype")
 
 
 def check_input(owner, x, module, step, size, size_name="input_size"):
@@ -80,7 +105,7 @@ def checked(op, specs):
         if x is None:
             key.append(None)
         elif isinstance(x, torch.Tensor):
-            key += (x.shape, x.dtype, x.device)
+            key += (x.shape, x.dtype, x.device, x.layout)
         else:
             return _check_all(op, specs)  # raises
     key = tuple(key)

@@ -40,6 +40,14 @@ CASES = [
      ["coupled", "bool", "str"]),
     ("rotation-half", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 3), r(2, 5, 3), r(2, 5, 3, 4)), ValueError, ["angles", "k/2"]),
     ("rotation-decay", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 2), r(2, 5), r(2, 5, 3, 4)), ValueError, ["decay", "(B, T, n)"]),
+    ("rotation-no-layers", mingru.rotation_recurrence, lambda: (r(1, 3, 1, 0, 1), r(1, 3, 1), r(1, 3, 1, 2)), ValueError,
+     ["angles", "L >= 1"]),
+    ("linear-none", mingru.linear_scan, lambda: (r(2, 5, 3), None), TypeError, ["linear_scan", "b is required"]),
+    ("log-none", mingru.parallel_scan_log, lambda: (None, r(2, 6, 3)), TypeError, ["log_coeffs is required"]),
+    ("rotation-none", mingru.rotation_recurrence, lambda: (r(2, 5, 3, 2, 2), None, r(2, 5, 3, 4)), TypeError,
+     ["decay is required"]),
+    ("stacked-none", mingru.gated_recurrence_stacked, lambda: (None,), TypeError, ["kc is required"]),
+    ("linear-sparse", mingru.linear_scan, lambda: (r(2, 5, 3).to_sparse(), r(2, 5, 3)), TypeError, ["a", "sparse", "dense"]),
 ]
 
 
@@ -96,6 +104,13 @@ EMPTY = [  # (op, inputs with T = 0, the shapes of its outputs)
     (mingru.matrix_recurrence, lambda: (r(2, 0, 3, 4, 4), r(2, 0, 3, 4, 2), r(2, 3, 4, 2)), [(2, 0, 3, 4, 2)]),
     (mingru.rotation_recurrence, lambda: (r(2, 0, 3, 2, 2), r(2, 0, 3), r(2, 0, 3, 4)), [(2, 0, 3, 4)]),
 ]
+# another axis empty, T > 0: the eager scan, in every mode (no kernel is built for a size of 0)
+EMPTY_AXIS = [
+    (mingru.matrix_recurrence, lambda: (r(2, 3, 2, 2, 2), r(2, 3, 2, 2, 0)), [(2, 3, 2, 2, 0)]),
+    (mingru.matrix_affine_scan, lambda: (r(2, 3, 2, 2, 2), r(2, 3, 2, 2, 0)), [(2, 3, 2, 2, 2), (2, 3, 2, 2, 0)]),
+    (mingru.linear_scan, lambda: (r(2, 3, 0), r(2, 3, 0)), [(2, 3, 0), (2, 3, 0)]),
+    (mingru.rotation_recurrence, lambda: (r(2, 3, 0, 2, 2), r(2, 3, 0), r(2, 3, 0, 4)), [(2, 3, 0, 4)]),
+]
 
 
 @pytest.mark.parametrize("op,make,shapes", EMPTY, ids=[e[0].__name__ for e in EMPTY])
@@ -108,6 +123,84 @@ def test_empty_sequence_gives_empty_outputs(monkeypatch, mode, op, make, shapes)
     outs = outs if isinstance(outs, tuple) else (outs,)
     assert [tuple(o.shape) for o in outs] == shapes and all(o.dtype == torch.float32 for o in outs)
     torch.autograd.backward([o.sum() for o in outs])
+
+
+@pytest.mark.parametrize("op,make,shapes", EMPTY_AXIS, ids=[e[0].__name__ for e in EMPTY_AXIS])
+@pytest.mark.parametrize("mode", ["eager", "triton"])
+def test_an_empty_axis_runs_the_eager_scan(monkeypatch, mode, op, make, shapes):
+    monkeypatch.setenv("MINGRU_SCAN", mode)
+    inputs = make()
+    outs = op(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert [tuple(o.shape) for o in outs] == shapes
+    with mingru.dispatch.using("eager"):
+        want = op(*inputs)
+    for got, exp in zip(outs, want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(got, exp, rtol=0, atol=0)
+
+
+STATEFUL = [(mingru.MinGRU, (2, 1, 16), (2, 16)), (mingru.SignedMinGRU, (2, 1, 16), (2, 16)),
+            (mingru.RotationMinGRU, (2, 1, 16), (2, 16)), (mingru.GivensMinGRU, (2, 1, 16), (2, 16)),
+            (mingru.DeltaMinGRU, (2, 1, 64), (2, 64))]
+
+
+@pytest.mark.parametrize("mixer,forward_shape,step_shape", STATEFUL, ids=[m[0].__name__ for m in STATEFUL])
+def test_mixer_states_must_match_x(mixer, forward_shape, step_shape):
+    """A given h_0 / h_prev of the right shape but another dtype, a non-float dtype or another device
+    is named, never cast silently or run on garbage."""
+    m = mixer(6, 16)
+    x, x_t = r(2, 5, 6), r(2, 6)
+    for call, arg, shape in ((lambda h: m(x, h), "h_0", forward_shape), (lambda h: m.step(x_t, h), "h_prev", step_shape)):
+        with pytest.raises(TypeError, match=rf"{arg} must be a floating-point tensor"):
+            call(torch.ones(shape, dtype=torch.long))
+        with pytest.raises(TypeError, match=rf"{arg} has dtype torch.float64 but x has torch.float32"):
+            call(torch.rand(shape, dtype=torch.float64))
+        with pytest.raises(ValueError, match=rf"{arg} is on meta but x is on cpu"):
+            call(torch.rand(shape, device="meta"))
+        call(torch.rand(shape))
+
+
+def test_delta_t_is_real_on_the_mixers_device_and_cast():
+    m = mingru.MinGRU(3, 4, decay="fixed")
+    x = r(2, 3, 3)
+    with pytest.raises(ValueError, match="delta_t is on meta but the mixer is on cpu"):
+        m(x, None, torch.rand(2, 3, device="meta"))
+    with pytest.raises(TypeError, match="delta_t must be real"):
+        m(x, None, torch.rand(2, 3).to(torch.complex64))
+    dt = torch.rand(2, 3, dtype=torch.float64)
+    assert m(x, None, dt).dtype == torch.float32
+    torch.testing.assert_close(m(x, None, dt), m(x, None, dt.float()), rtol=0, atol=0)
+
+
+def test_constructor_arguments_are_named():
+    for bad in ("1", None, torch.tensor([1.0, 2.0])):
+        with pytest.raises(TypeError, match="decay_rate must be a positive number"):
+            mingru.MinGRU(3, 4, decay="fixed", decay_rate=bad)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="decay_rate must be > 0 and finite"):
+            mingru.MinGRU(3, 4, decay="learnable", decay_rate=bad)
+    big = mingru.MinGRU(3, 4, decay="learnable", decay_rate=1000.0)  # softplus^-1 without overflow
+    torch.testing.assert_close(big._decay_lambda(), torch.full((4,), 1000.0))
+    with pytest.raises(TypeError, match="SignedMinGRU: coupled must be True or False"):
+        mingru.SignedMinGRU(3, 4, coupled="no")
+    with pytest.raises(TypeError, match="GivensMinGRU: fused must be True or False"):
+        mingru.GivensMinGRU(3, 4, block_size=2, fused="yes")
+    with pytest.raises(ValueError, match="rounds must be an int"):
+        mingru.GivensMinGRU(3, 4, block_size=2, rounds=True)
+    for bad in ((1.5,), 5, "246", ()):
+        with pytest.raises(ValueError, match="snap must be None or a non-empty tuple of positive ints"):
+            mingru.RotationMinGRU(3, 4, snap=bad)
+    with pytest.raises(TypeError, match="mlp_expansion must be an int"):
+        mingru.MinGRUBlock(4, mlp_expansion=0.5)
+    assert mingru.MinGRUBlock(4, mlp_expansion=-1).mlp is None  # as in mingru-scans: 0 or less, no MLP
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        mingru.MinGRUBlock(4, mixer=["log"])
+    with pytest.raises(TypeError, match="MinGRUBlock: mixer_kwargs must be a dict"):
+        mingru.MinGRUBlock(4, mixer_kwargs=[1, 2])
+    with pytest.raises(TypeError, match="MinGRUStack: mixer_kwargs must be a dict"):
+        mingru.MinGRUStack(3, 4, 2, mixer_kwargs="decay")
+    with pytest.raises(TypeError, match="state must be a list of n_layers = 2"):
+        mingru.MinGRUStack(3, 4, 2)(r(2, 3, 3), 5)
 
 
 @pytest.mark.parametrize("mixer", [mingru.MinGRU, mingru.SignedMinGRU, mingru.RotationMinGRU, mingru.GivensMinGRU,
