@@ -7,6 +7,11 @@ kernels serve it on CUDA); `step` applies the same recurrence once, without auto
 caller passes `h_0 = previous_output[:, -1:]`. With `decay`, `delta_t` (B, T) in `forward` or (B,)
 in `step` scales A_t by gamma_t = exp(-lambda f(delta_t)) (see `mingru.decay`).
 Parameter names and shapes are the published ones: one nn.Linear per projection.
+
+Checks mingru-scans does not make (each a TypeError or ValueError naming the argument): a given
+state must be a floating-point tensor of x's dtype (any floating dtype under autocast) on x's
+device; delta_t must be real and on the mixer's device (it is cast to float32, or float64 for a
+float64 module); the switches `coupled` and `fused` must be bools, `snap` a tuple of positive ints.
 """
 import torch
 from torch import nn

@@ -1,6 +1,9 @@
 """The public scan ops: check the inputs, then let the dispatch seam pick eager or Triton.
 
-NaN and inf in the inputs propagate to the outputs as the recurrence dictates; nothing is clamped.
+NaN and inf in the inputs are never clamped: the outputs from that step on may be non-finite. The
+eager scans follow the recurrence step by step; the Triton kernels combine steps in another order,
+where an inf meets a zero state (inf * 0), so an inf there can come out as NaN, and a non-finite
+transition at step 0 (whose product Bc does not need) as NaN in Bc too.
 An empty sequence (T == 0) has no states: each op returns empty outputs of its documented shapes
 (copies of its inputs' empty slices, so autograd still reaches the inputs) and runs no kernel.
 """

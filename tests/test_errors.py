@@ -244,3 +244,18 @@ def test_blocks_and_stacks_name_their_input_shapes_and_sizes():
             mingru.MinGRUStack(6, 8, bad)
     with pytest.raises(ValueError, match=r"MinGRUBlock: d_model must be a positive int"):
         mingru.MinGRUBlock(0)
+
+
+@pytest.mark.parametrize("mode", ["eager", "triton"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_inputs_are_not_clamped(monkeypatch, mode, bad):
+    """A non-finite a at step 2: the states before it are the finite ones, the states from it on
+    are non-finite (an inf may come out as NaN under the kernels: see `mingru.ops`)."""
+    monkeypatch.setenv("MINGRU_SCAN", mode)
+    a, b = torch.rand(2, 6, 3) + 0.5, r(2, 6, 3)
+    a[:, 2] = bad
+    with mingru.dispatch.using("eager"):
+        want = mingru.linear_recurrence(a[:, :2], b[:, :2])
+    h = mingru.linear_recurrence(a, b)
+    torch.testing.assert_close(h[:, :2], want)
+    assert not h[:, 2:].isfinite().any()

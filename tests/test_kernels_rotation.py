@@ -111,6 +111,19 @@ def test_gradcheck_float64(device):
     assert torch.autograd.gradcheck(mingru.rotation_recurrence, inputs, fast_mode=True)
 
 
+def test_large_angles_stay_accurate_and_huge_ones_bounded(device):
+    """The kernel's float32 sine and cosine reduce the angle twice: angles of ~1e5 to ~1e6 radians
+    still match the float64 loop (forward and gradients), and angles of 1e20, where no float32
+    angle means anything, give bounded states instead of overflowing polynomials."""
+    inputs = _inputs(2, 5, 3, 4, 2, torch.float32, with_h0=True, seed=7)
+    inputs[0] = inputs[0] * 4e5
+    _check([x.to(device) for x in inputs], dict(atol=1e-4, rtol=1e-4))
+    inputs[0] = torch.sign(inputs[0]) * 1e20
+    h = mingru.rotation_recurrence(*[x.to(device) for x in inputs]).cpu()
+    bound = inputs[3].norm(dim=-1) + inputs[2].norm(dim=-1).sum(1)  # rotations keep norms, decay < 1
+    assert h.isfinite().all() and (h.norm(dim=-1) <= bound[:, None] * (1 + 1e-5)).all()
+
+
 def test_strong_decay_gradients_stay_exact_where_division_explodes(device):
     """decay ~ 0.05 over T = 48: the stored-state backward keeps float32 accuracy, while undoing each
     step with its inverse transition (h_{t-1} = G_t^T (h_t - u_t) / decay_t) multiplies the rounding

@@ -33,20 +33,27 @@ MAX_LAYERS = 16
 @triton.jit
 def _sincos(x):
     """sin and cos without branches (data-dependent branches would split the loop body): reduce by
-    k pi/2 in two FMA steps, then Taylor polynomials on [-pi/4, pi/4]; float32-exact for |x| < ~1e4."""
+    k pi/2 in two FMA steps, twice (the second is a no-op unless |x| is beyond ~1e4, where rounding
+    x 2/pi leaves a remainder of several turns), then Taylor polynomials on [-pi/4, pi/4];
+    float32-exact for |x| < ~1e4, within ~1e-4 of sin(x) at |x| ~ 1e10. Beyond ~1e15 no float32
+    angle is meaningful (its spacing exceeds 2 pi): the remainder is clipped to [-pi/4, pi/4] so
+    sin and cos stay bounded. The quadrant is counted in floats (k mod 4), so no int32 overflows;
+    NaN and inf give NaN."""
     if x.dtype == tl.float64:
         s, c = tl.sin(x), tl.cos(x)
     else:
         k = tl.floor(x * 0.6366197723675814 + 0.5)
-        r = tl.fma(k, -1.5707963705062866, x)  # float32(pi/2)
-        r = tl.fma(k, 4.371139000186243e-08, r)  # float32(pi/2) - pi/2
+        r = tl.fma(k, 4.371139000186243e-08, tl.fma(k, -1.5707963705062866, x))  # float32(pi/2), its error
+        k2 = tl.floor(r * 0.6366197723675814 + 0.5)
+        r = tl.fma(k2, 4.371139000186243e-08, tl.fma(k2, -1.5707963705062866, r))
+        r = tl.where(r > 0.7853982, 0.7853982, tl.where(r < -0.7853982, -0.7853982, r))  # NaN stays NaN
         r2 = r * r
         sr = r + r * r2 * (-1 / 6 + r2 * (1 / 120 + r2 * (-1 / 5040 + r2 * (1 / 362880))))
         cr = 1 + r2 * (-1 / 2 + r2 * (1 / 24 + r2 * (-1 / 720 + r2 * (1 / 40320 + r2 * (-1 / 3628800)))))
-        q = k.to(tl.int32)  # quadrant: sin x = (sin r, cos r, -sin r, -cos r)[q mod 4]
-        swap = (q & 1) != 0
-        s = tl.where(swap, cr, sr)
-        c = tl.where(swap, sr, cr)
+        q = (k - 4 * tl.floor(k * 0.25) + k2 - 4 * tl.floor(k2 * 0.25)).to(tl.int32)  # quadrant, 0..6:
+        swap = (q & 1) != 0                                                               # sin x = (sin r,
+        s = tl.where(swap, cr, sr)                                                        # cos r, -sin r,
+        c = tl.where(swap, sr, cr)                                                        # -cos r)[q mod 4]
         s = tl.where((q & 2) != 0, -s, s)
         c = tl.where(((q + 1) & 2) != 0, -c, c)
     return s, c
