@@ -158,6 +158,8 @@ def test_mixer_states_must_match_x(mixer, forward_shape, step_shape):
         with pytest.raises(ValueError, match=rf"{arg} is on meta but x is on cpu"):
             call(torch.rand(shape, device="meta"))
         call(torch.rand(shape))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast: a state in its dtype is accepted
+        assert m(x, torch.rand(forward_shape).bfloat16()).dtype == torch.bfloat16
 
 
 def test_delta_t_is_real_on_the_mixers_device_and_cast():
