@@ -127,14 +127,16 @@ def runs_eager(x):
     return _eager_by_mode(scan_mode(), x)
 
 
-def dispatch(name, eager, *args, local=False):
+def dispatch(name, eager, *args, local=False, empty=False):
     """Run op `name` on `args` with the implementation MINGRU_SCAN selects. local=True: a step
-    inside a larger computation (not a scan over the caller's time axis), never sequence-parallel."""
+    inside a larger computation (not a scan over the caller's time axis), never sequence-parallel.
+    empty=True: some argument has a size-0 axis (the caller knows its sizes), so eager runs, as
+    it does when args[0] is empty."""
     if sequence_parallel_route is not None and not local:
         return sequence_parallel_route(name, *args)
     mode = scan_mode()
-    if _eager_by_mode(mode, args[0]) or args[0].numel() == 0:
-        return eager(*args)  # empty batches need no kernel launch
+    if empty or _eager_by_mode(mode, args[0]) or args[0].numel() == 0:
+        return eager(*args)  # empty inputs need no kernel launch (none is built for a size of 0)
     try:
         if args[0].device.type != "cuda" and not interpreting():
             raise ScanFallback(f"tensors are on {args[0].device.type}; the kernels need CUDA "

@@ -327,8 +327,7 @@ class GivensMinGRU(_BlockMixer):
             raise ValueError(f"GivensMinGRU: hidden_size ({hidden_size}) must be divisible by "
                              f"block_size ({block_size})")
         check_flag("GivensMinGRU", fused=fused)
-        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-            raise ValueError(f"GivensMinGRU: rounds must be an int >= 1, got {rounds!r}")
+        check_sizes("GivensMinGRU", rounds=rounds)
         self.k, self.n_blocks, self.rounds, self.fused = block_size, hidden_size // block_size, rounds, fused
         n_angles = self.n_blocks * rounds * (block_size // 2)
         self.linear_theta, self.linear_z, self.linear_h = _linears(

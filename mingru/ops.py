@@ -8,7 +8,7 @@ An empty sequence (T == 0) has no states: each op returns empty outputs of its d
 (copies of its inputs' empty slices, so autograd still reaches the inputs) and runs no kernel.
 """
 from mingru import scans
-from mingru.dispatch import dispatch, using
+from mingru.dispatch import dispatch
 from mingru.validate import checked as _checked
 
 
@@ -18,10 +18,7 @@ def _run(name, eager, sizes, empty, *args):
     if not sizes["T"]:
         copies = tuple(x.clone() for x in empty)
         return copies if len(copies) > 1 else copies[0]
-    if 0 in sizes.values():  # another axis is empty: the eager scan (no kernel is built for it)
-        with using("eager"):
-            return dispatch(name, eager, *args)
-    return dispatch(name, eager, *args)
+    return dispatch(name, eager, *args, empty=0 in sizes.values())
 
 
 def linear_scan(a, b):

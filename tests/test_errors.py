@@ -187,7 +187,7 @@ def test_constructor_arguments_are_named():
         mingru.SignedMinGRU(3, 4, coupled="no")
     with pytest.raises(TypeError, match="GivensMinGRU: fused must be True or False"):
         mingru.GivensMinGRU(3, 4, block_size=2, fused="yes")
-    with pytest.raises(ValueError, match="rounds must be an int"):
+    with pytest.raises(ValueError, match="GivensMinGRU: rounds must be a positive int"):
         mingru.GivensMinGRU(3, 4, block_size=2, rounds=True)
     for bad in ((1.5,), 5, "246", ()):
         with pytest.raises(ValueError, match="snap must be None or a non-empty tuple of positive ints"):
