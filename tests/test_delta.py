@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -263,7 +264,8 @@ import inspect, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mingru.kernels import delta_rule as fused
-key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 3, False, True, True, True, "ieee")
+key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 3, False, True, True, True,
+       ("ieee", "tf32x3"))  # the precisions `_precisions` picks on a GPU with TF32 tensor cores
 forward, backward = fused._plan(*key), fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 4)
 for kernel, args in ((fused._solve_kernel, forward["solve"]), (fused._walk_kernel, forward["walk"]),
                      (fused._readout_kernel, forward["readout"]), (fused._readout_back_kernel, backward["readout"]),
@@ -289,6 +291,23 @@ def test_fused_kernels_compile_for_a_gpu_without_one():
     if out.returncode and ("ptxas" in out.stderr or "GPUTarget" in out.stderr or "ASTSource" in out.stderr):
         pytest.skip(f"this Triton cannot compile ahead of time here: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-4000:]
+
+
+def test_chunk_local_kernels_split_their_dots_only_where_tensor_cores_keep_float32_accuracy(monkeypatch):
+    """tf32x3 for the solve and the readouts under the IEEE guard on float32 with TF32 tensor cores;
+    IEEE everywhere else (CPU, float64, no tensor cores); TF32 everywhere when the guard is lifted."""
+    from mingru.kernels import delta_rule as fused
+    from mingru.kernels.common import allow_tf32_dots
+    on = lambda dtype, cuda=True: SimpleNamespace(dtype=dtype, is_cuda=cuda, device=torch.device("cuda", 0))  # noqa: E731
+    monkeypatch.setattr(fused, "_tensor_cores", lambda index: True)
+    assert fused._precisions(on(torch.float32)) == ("ieee", "tf32x3")
+    assert fused._precisions(on(torch.float64)) == ("ieee", "ieee")
+    assert fused._precisions(on(torch.float32, cuda=False)) == ("ieee", "ieee")
+    assert fused._precisions(torch.zeros(1)) == ("ieee", "ieee")
+    with allow_tf32_dots():
+        assert fused._precisions(on(torch.float32)) == ("tf32", "tf32")
+    monkeypatch.setattr(fused, "_tensor_cores", lambda index: False)
+    assert fused._precisions(on(torch.float32)) == ("ieee", "ieee")
 
 
 @interpreted

@@ -1,9 +1,11 @@
 """Every use the harnesses make of the kernels' internals, in one place: the test override hook
-that forces a layout, the planner's choice, and the switch that lifts the IEEE guard of tl.dot.
+that forces a layout, the planner's choice, the switch that lifts the IEEE guard of tl.dot, and
+the one that keeps the fused delta rule's dots all IEEE.
 
 The kernel modules are imported only when a function here is called (`import mingru` never
 imports Triton).
 """
+import contextlib
 from typing import NamedTuple
 
 
@@ -41,6 +43,18 @@ def allow_tf32_dots(allow=True):
     """Context manager: float32 tl.dot may use TF32 (allow=True) or keeps the IEEE guard."""
     from mingru.kernels.common import allow_tf32_dots as switch
     return switch(allow)
+
+
+@contextlib.contextmanager
+def split_delta_dots(split=True):
+    """Context manager: the fused delta rule's chunk-local kernels multiply in tf32x3 where their
+    planner allows it (split=True, as shipped) or in IEEE like the rest (split=False)."""
+    from mingru.kernels import delta_rule
+    old, delta_rule.SPLIT_LOCAL = delta_rule.SPLIT_LOCAL, split
+    try:
+        yield
+    finally:
+        delta_rule.SPLIT_LOCAL = old
 
 
 def dot_precision():

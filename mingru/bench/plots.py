@@ -437,7 +437,7 @@ def memory_vs_seed(data):
 def guard_clock(data):
     """The key of the precision rows' best clock: the kernels' GPU time when the file has it, else
     the CUDA-event time of one call (host launches included)."""
-    return "gpu_us" if _ok(data["rows"], "gpu_us") else "fwd_us"
+    return "gpu_us" if _ok(precision.matrix_rows(data), "gpu_us") else "fwd_us"
 
 
 def guard_cost_rows(data, uses_dot):
@@ -446,7 +446,7 @@ def guard_cost_rows(data, uses_dot):
     so the spread of their ratios is the run's timing noise, `band` = (min, max); "vs noise" places
     each tl.dot row's ratio above, below or within it."""
     key = guard_clock(data)
-    timed = {(r["k"], r["v"], r["variant"]): r[key] for r in _ok(data["rows"], key)}
+    timed = {(r["k"], r["v"], r["variant"]): r[key] for r in _ok(precision.matrix_rows(data), key)}
     rows = []
     for k, v in dict.fromkeys((k, v) for k, v, _ in timed):
         if (k, v, "ieee") in timed and (k, v, "tf32") in timed:
@@ -466,7 +466,7 @@ def precision_vs_gate(data):
     """Output error / the gate per k and variant, one panel per injection width (v = 1, v = k), with
     the line at 1 that a row must stay under."""
     gate = data["meta"].get("gate") or precision.GATE
-    rows = _ok(data["rows"], "err_out")
+    rows = _ok(precision.matrix_rows(data), "err_out")
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     styles = {"ieee": ("C0", "o", "Triton, IEEE guard (shipped)"), "tf32": ("C3", "s", "Triton, TF32 allowed"),
               "eager": ("0.5", "^", "eager float32")}

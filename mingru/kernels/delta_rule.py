@@ -27,13 +27,14 @@ Backward: `_readout_back_kernel` (every chunk) forms read^T dy and (diag(e^c) Q)
 `_gradient_kernel` (every chunk) solves dr = T^{-T} du by blocks from the last (dv = dr), then forms
 the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T (masked to
 token(l) <= t), a block's row pairs and column pairs recomputed where it needs them. Every product
-is a tl.dot at the IEEE precision (`common.dot_precision`); the tiles need d_k, d_v <= MAX_D.
+is a tl.dot at float32 accuracy (`_precisions`); the tiles need d_k, d_v <= MAX_D.
 
 Two ops share the kernels: `delta_rule` takes q, k, v, beta as given (`delta_rule_chunked`'s fused
 form); `delta_layer` takes DeltaMinGRU's projection output (`delta.split_projection`), normalizes
 the keys and gates the write strengths (beta = 2 sigmoid) as it loads them (RAW), differentiates
 both in the backward, and writes the four gradients into one buffer laid out as that output.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -52,6 +53,7 @@ WARPS = 4       # every kernel (8 measured slower for the chunk kernels on an H1
 WALK_BV = 32    # state columns per program of the walks (the columns of S walk independently)
 WALK_ROWS = 32  # micro-steps per step of the walks
 NORM_EPS = tl.constexpr(1e-12)  # F.normalize's eps, for the layer's keys
+SPLIT_LOCAL = True  # tf32x3 in the chunk-local kernels where `_precisions` allows (False: IEEE everywhere)
 
 
 @triton.jit
@@ -477,21 +479,23 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
                   **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
                   H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=bdk, BDV=bdv, BV=min(bdv, WALK_BV),
                   CP=max(16, next_pow2(C)), BS=BS, WB=min(WALK_ROWS, max(16, next_pow2(C * nh))), DECAY=decay,
-                  HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec)
-    return dict(common=common, solve=_args(_solve_kernel, common, num_warps=WARPS),
+                  HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec[0])
+    state, local = prec
+    return dict(common=common, solve=_args(_solve_kernel, common, PREC=local, num_warps=WARPS),
                 walk=_args(_walk_kernel, common, num_warps=WARPS),
-                readout=_args(_readout_kernel, common, num_warps=WARPS))
+                readout=_args(_readout_kernel, common, PREC=local, num_warps=WARPS), local=local)
 
 
 @planned
 def _backward_plan(key, dq, dk, dv, dbeta, du):
     """The backward kernels' arguments: the forward's of `key` (what `_plan` takes) and the strides of
     the gradients they write."""
-    common = dict(_plan(*key)["common"])
+    forward = _plan(*key)
+    common = dict(forward["common"])
     common.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
     for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta), ("sdu", du)):
         common.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
-    return dict(common=common, readout=_args(_readout_back_kernel, common, num_warps=WARPS),
+    return dict(common=common, readout=_args(_readout_back_kernel, common, PREC=forward["local"], num_warps=WARPS),
                 walk=_args(_walk_back_kernel, common, num_warps=WARPS),
                 gradient=_args(_gradient_kernel, common, num_warps=WARPS))
 
@@ -504,7 +508,25 @@ def _rows_last(x):
 def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
     return (tuple(k.shape), v.shape[-1], min(chunk_size, q.shape[1]), q.stride(), k.stride(), v.stride(),
             beta.stride(), None if log_gamma is None else log_gamma.stride(), q.dtype == torch.float64,
-            log_gamma is not None, h0 is not None, raw, dot_precision())
+            log_gamma is not None, h0 is not None, raw, _precisions(q))
+
+
+def _precisions(x):
+    """(PREC of the walks and the gradient kernel, PREC of the chunk-local solve and readouts). Under
+    the IEEE guard, float32 on an NVIDIA GPU with TF32 tensor cores (compute capability >= 8), the
+    chunk-local kernels multiply in "tf32x3": each operand split into a TF32 head and a TF32 tail,
+    three tensor-core products summed, float32 accuracy (`bench.precision` measures the error and
+    time of each choice); the walks and the gradient kernel keep IEEE dots (three products there
+    measured slower than the FMA dots)."""
+    prec = dot_precision()
+    if SPLIT_LOCAL and prec == "ieee" and x.dtype == torch.float32 and x.is_cuda and _tensor_cores(x.device.index):
+        return prec, "tf32x3"
+    return prec, prec
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_cores(index):
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 8
 
 
 def _own(buffer, fresh=None):
