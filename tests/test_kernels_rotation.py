@@ -124,6 +124,17 @@ def test_large_angles_stay_accurate_and_huge_ones_bounded(device):
     assert h.isfinite().all() and (h.norm(dim=-1) <= bound[:, None] * (1 + 1e-5)).all()
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_non_finite_angle_gives_non_finite_states_from_its_step_on(bad, device):
+    """The clamp of the reduced angle keeps NaN (and inf reduces to NaN): no bad angle comes out as
+    a finite rotation."""
+    inputs = [x.to(device) for x in _inputs(2, 5, 3, 4, 2, torch.float32, with_h0=True, seed=5)]
+    inputs[0][:, 2, 1, 0, 0] = bad
+    h = mingru.rotation_recurrence(*inputs).cpu()
+    assert h[:, :2].isfinite().all() and h[:, 2:, 0].isfinite().all()
+    assert h[:, 2:, 1].isnan().any(-1).all()
+
+
 def test_strong_decay_gradients_stay_exact_where_division_explodes(device):
     """decay ~ 0.05 over T = 48: the stored-state backward keeps float32 accuracy, while undoing each
     step with its inverse transition (h_{t-1} = G_t^T (h_t - u_t) / decay_t) multiplies the rounding
