@@ -34,11 +34,11 @@ MAX_LAYERS = 16
 def _sincos(x):
     """sin and cos without branches (data-dependent branches would split the loop body): reduce by
     k pi/2 in two FMA steps, twice (the second is a no-op unless |x| is beyond ~1e4, where rounding
-    x 2/pi leaves a remainder of several turns), then minimax polynomials on [-pi/4, pi/4] (degree 7
-    for sin, 8 for cos: the single-precision coefficients of Cephes' sinf/cosf); within ~1e-7 of
-    sin(x) for |x| < ~1e7 and ~1e-4 at |x| ~ 1e9. Past 2^31 quarter turns (|x| > ~3e9) the quadrant
-    saturates and the result is wrong but bounded: the remainder is clamped to [-pi/4, pi/4] (no
-    float32 angle beyond ~1e15 means anything anyway: its spacing exceeds 2 pi). NaN and inf give NaN."""
+    x 2/pi leaves a remainder of several turns), then Taylor polynomials on [-pi/4, pi/4];
+    float32-exact for |x| < ~1e4, within ~1e-4 of sin(x) at |x| ~ 1e10. Beyond ~1e15 no float32
+    angle is meaningful (its spacing exceeds 2 pi): the remainder is clipped to [-pi/4, pi/4] so
+    sin and cos stay bounded. The quadrant is counted in floats (k mod 4), so no int32 overflows;
+    NaN and inf give NaN."""
     if x.dtype == tl.float64:
         s, c = tl.sin(x), tl.cos(x)
     else:
@@ -46,15 +46,14 @@ def _sincos(x):
         r = tl.fma(k, 4.371139000186243e-08, tl.fma(k, -1.5707963705062866, x))  # float32(pi/2), its error
         k2 = tl.floor(r * 0.6366197723675814 + 0.5)
         r = tl.fma(k2, 4.371139000186243e-08, tl.fma(k2, -1.5707963705062866, r))
-        r = tl.clamp(r, -0.7853982, 0.7853982, propagate_nan=tl.PropagateNan.ALL)
-        z = r * r
-        sr = tl.fma(r * z, (-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1, r)
-        cr = tl.fma(z * z, (2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2,
-                    1.0 - 0.5 * z)
-        q = k.to(tl.int32) + k2.to(tl.int32)  # quadrant: sin x = (sin r, cos r, -sin r, -cos r)[q mod 4]
-        swap = (q & 1) != 0
-        s = tl.where(swap, cr, sr)
-        c = tl.where(swap, sr, cr)
+        r = tl.where(r > 0.7853982, 0.7853982, tl.where(r < -0.7853982, -0.7853982, r))  # NaN stays NaN
+        r2 = r * r
+        sr = r + r * r2 * (-1 / 6 + r2 * (1 / 120 + r2 * (-1 / 5040 + r2 * (1 / 362880))))
+        cr = 1 + r2 * (-1 / 2 + r2 * (1 / 24 + r2 * (-1 / 720 + r2 * (1 / 40320 + r2 * (-1 / 3628800)))))
+        q = (k - 4 * tl.floor(k * 0.25) + k2 - 4 * tl.floor(k2 * 0.25)).to(tl.int32)  # quadrant, 0..6:
+        swap = (q & 1) != 0                                                               # sin x = (sin r,
+        s = tl.where(swap, cr, sr)                                                        # cos r, -sin r,
+        c = tl.where(swap, sr, cr)                                                        # -cos r)[q mod 4]
         s = tl.where((q & 2) != 0, -s, s)
         c = tl.where(((q + 1) & 2) != 0, -c, c)
     return s, c
