@@ -212,7 +212,7 @@ def test_compile_ahead_runs_the_harnesses_plans_in_one_pool(monkeypatch):
     try:
         assert bench.compile_ahead(["precision", "layer_cpu"], quick=True, env=env, workers=0) == 0.0
         assert bench.compile_ahead(["precision", "layer_cpu"], quick=True, env=env, workers=2) > 0
-        assert warm.DONE == {"mingru.bench.precision:errors"}
+        assert warm.DONE == {"mingru.bench.precision:errors", "mingru.bench.precision:delta_errors"}
     finally:
         warm.DONE.clear()
 
