@@ -23,7 +23,9 @@ _dot_precision = "ieee"
 
 
 def dot_precision():
-    """`input_precision` for every tl.dot that feeds a state: 'ieee' unless a caller opts out."""
+    """`input_precision` for every tl.dot that feeds a state: 'ieee' unless a caller opts out (the
+    fused delta rule's chunk-local kernels read 'ieee' as 'tf32x3' where that keeps float32
+    accuracy: `delta_rule._precisions`)."""
     return _dot_precision
 
 
