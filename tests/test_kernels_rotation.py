@@ -126,7 +126,7 @@ def test_large_angles_stay_accurate_and_huge_ones_bounded(device):
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_a_non_finite_angle_gives_non_finite_states_from_its_step_on(bad, device):
-    """The clamp of the reduced angle keeps NaN (and inf reduces to NaN): no bad angle comes out as
+    """The clip of the reduced angle keeps NaN (and inf reduces to NaN): no bad angle comes out as
     a finite rotation."""
     inputs = [x.to(device) for x in _inputs(2, 5, 3, 4, 2, torch.float32, with_h0=True, seed=5)]
     inputs[0][:, 2, 1, 0, 0] = bad

@@ -96,8 +96,8 @@ def run(which, quick=False, out=None, only=None, budgets=None, env=None, draw=Tr
 # Our side of the seed's cases goes last: by then the other harnesses have compiled most of its
 # kernels, and its calls load them from the cache.
 POOL_ORDER = ("peers:warm_race", "train:warm_run", "layer:step_row", "speed:measure_subject", "seed:warm_seed",
-              "precision:errors",
-              "precision:delta_errors", "memory:compile_case", "parity:compile_case", "seed:warm_ours")
+              "precision:errors", "precision:delta_errors", "memory:compile_case", "parity:compile_case",
+              "seed:warm_ours")
 
 
 def compile_ahead(names, quick=False, env=None, workers=None, extra=()):

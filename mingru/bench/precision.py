@@ -1,7 +1,7 @@
 """The TF32 trap, measured: matrix_affine_scan's error vs float64, with and without the IEEE guard.
 
 On NVIDIA GPUs since Ampere a float32 `tl.dot` large enough for the tensor cores runs in TF32
-(10 mantissa bits) unless told `input_precision="ieee"`. The kernels pass "ieee" everywhere;
+(10 mantissa bits) unless told `input_precision="ieee"`. The matrix kernels pass "ieee" everywhere;
 `allow_tf32_dots()` lifts the guard so this harness can show what it prevents
 (`python -m mingru.bench precision`). The fused delta rule's rows show the third choice its
 chunk-local kernels ship with, "tf32x3" (three TF32 products, float32 accuracy), beside all-IEEE

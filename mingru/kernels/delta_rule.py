@@ -474,16 +474,16 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
     H, d_k), chunks of C tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
     B, T, nh, H, dk = shape
     bdk, bdv = max(16, next_pow2(dk)), max(16, next_pow2(dv))
+    state, local = prec  # the walks' and the gradient kernel's, the chunk-local kernels' (`_precisions`)
     common = dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
                   svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
                   **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
                   H=H, T=T, C=C, NH=nh, N=cdiv(T, C), DK=dk, DV=dv, BDK=bdk, BDV=bdv, BV=min(bdv, WALK_BV),
                   CP=max(16, next_pow2(C)), BS=BS, WB=min(WALK_ROWS, max(16, next_pow2(C * nh))), DECAY=decay,
-                  HAS_H0=has_h0, RAW=raw, F64=f64, PREC=prec[0])
-    state, local = prec
+                  HAS_H0=has_h0, RAW=raw, F64=f64, PREC=state)
     return dict(common=common, solve=_args(_solve_kernel, common, PREC=local, num_warps=WARPS),
                 walk=_args(_walk_kernel, common, num_warps=WARPS),
-                readout=_args(_readout_kernel, common, PREC=local, num_warps=WARPS), local=local)
+                readout=_args(_readout_kernel, common, PREC=local, num_warps=WARPS))
 
 
 @planned
@@ -491,11 +491,12 @@ def _backward_plan(key, dq, dk, dv, dbeta, du):
     """The backward kernels' arguments: the forward's of `key` (what `_plan` takes) and the strides of
     the gradients they write."""
     forward = _plan(*key)
-    common = dict(forward["common"])
+    common = dict(forward["common"])  # the state's precision; the readout back takes the solve's
     common.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
     for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta), ("sdu", du)):
         common.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
-    return dict(common=common, readout=_args(_readout_back_kernel, common, PREC=forward["local"], num_warps=WARPS),
+    return dict(common=common, readout=_args(_readout_back_kernel, common, PREC=forward["solve"]["PREC"],
+                                        num_warps=WARPS),
                 walk=_args(_walk_back_kernel, common, num_warps=WARPS),
                 gradient=_args(_gradient_kernel, common, num_warps=WARPS))
 
