@@ -112,9 +112,9 @@ def test_gradcheck_float64(device):
 
 
 def test_large_angles_stay_accurate_and_huge_ones_bounded(device):
-    """The kernel's float32 sine and cosine reduce the angle twice: angles of ~1e5 to ~1e6 radians
-    still match the float64 loop (forward and gradients), and angles of 1e20, where no float32
-    angle means anything, give bounded states instead of overflowing polynomials."""
+    """The kernel's float32 sine and cosine: angles of ~1e5 to ~1e6 radians still match the float64
+    loop (forward and gradients), and angles of 1e20, where no float32 angle means anything, give
+    bounded states (the clipped remainder) instead of overflowing polynomials."""
     inputs = _inputs(2, 5, 3, 4, 2, torch.float32, with_h0=True, seed=7)
     inputs[0] = inputs[0] * 4e5
     _check([x.to(device) for x in inputs], dict(atol=1e-4, rtol=1e-4))

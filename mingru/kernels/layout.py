@@ -236,12 +236,17 @@ def _pow2_floor(n):
 # ---- rotation: one warp of lanes per program, the whole sequence -----------------------------
 
 ROTATION_SMEM = 40 * 1024  # bytes of prefetch buffers: leaves room on GPUs with ~100 KB per SM
+# An H100 sweep of 4, 8, 16 and 32 lanes per program (GivensMinGRU k = 8, three rounds, fwd+bwd at
+# B16 T1024 d64, B128 T64 d64 and B4 T4096 d256; RotationMinGRU at the first two) was fastest at 8
+# on every Givens shape and within 1 % of the fastest on the Rotation ones.
+ROTATION_LANES = 8
 
 
 def rotation(T, layers, half, itemsize, backward):
-    """One warp of 32 lanes per program walking all of T (latency, not bandwidth, bounds it, so more
-    programs beat wider ones) and as many prefetched steps (<= 4) as fit ROTATION_SMEM."""
+    """One warp of ROTATION_LANES lanes per program walking all of T (latency, not bandwidth, bounds
+    it, so more programs beat wider ones: a lane's k/2 rows spread over the warp's threads, which
+    share out its sines and cosines) and as many prefetched steps (<= 4) as fit ROTATION_SMEM."""
     per_lane = (5 * half + 2 * layers * half) if backward else (3 * half + layers * half)  # loads per step
-    block = _forced[2] or 32
+    block = _forced[2] or ROTATION_LANES
     stages = 1 + ROTATION_SMEM // (per_lane * block * max(itemsize, 4))
     return Plan(block, 1, 1, T, 1, max(1, min(stages, 4)))

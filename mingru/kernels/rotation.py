@@ -33,35 +33,35 @@ MAX_LAYERS = 16
 @triton.jit
 def _sincos(x):
     """sin and cos without branches (data-dependent branches would split the loop body): reduce by
-    k pi/2 in two FMA steps, twice (the second is a no-op unless |x| is beyond ~1e4, where rounding
-    x 2/pi leaves a remainder of several turns), then Taylor polynomials on [-pi/4, pi/4];
-    float32-exact for |x| < ~1e4, within ~1e-4 of sin(x) at |x| ~ 1e10. Beyond ~1e15 no float32
-    angle is meaningful (its spacing exceeds 2 pi): the remainder is clipped to [-pi/4, pi/4] so
-    sin and cos stay bounded. The quadrant is counted in floats (k mod 4), so no int32 overflows;
-    NaN and inf give NaN."""
+    k pi/2 in two FMA steps, then Taylor polynomials on the remainder r; within ~1e-7 of sin(x) for
+    |x| up to ~1e6 rad. Beyond that the float32 product x 2/pi can miss the quadrant and no float32
+    angle is meaningful much further out (its spacing nears 2 pi), so r is clipped to [-1, 1] (wider
+    than pi/4, to spare rounding near a quadrant's edge): sin and cos stay those of some angle, and
+    a rotation stays a rotation. NaN and inf give NaN. (A second reduction kept angles up to ~1e10
+    accurate but made the walks ~1.4x slower.)"""
     if x.dtype == tl.float64:
         s, c = tl.sin(x), tl.cos(x)
     else:
         k = tl.floor(x * 0.6366197723675814 + 0.5)
         r = tl.fma(k, 4.371139000186243e-08, tl.fma(k, -1.5707963705062866, x))  # float32(pi/2), its error
-        k2 = tl.floor(r * 0.6366197723675814 + 0.5)
-        r = tl.fma(k2, 4.371139000186243e-08, tl.fma(k2, -1.5707963705062866, r))
-        r = tl.where(r > 0.7853982, 0.7853982, tl.where(r < -0.7853982, -0.7853982, r))  # NaN stays NaN
+        r = tl.where(r > 1.0, 1.0, tl.where(r < -1.0, -1.0, r))  # NaN stays NaN
         r2 = r * r
         sr = r + r * r2 * (-1 / 6 + r2 * (1 / 120 + r2 * (-1 / 5040 + r2 * (1 / 362880))))
         cr = 1 + r2 * (-1 / 2 + r2 * (1 / 24 + r2 * (-1 / 720 + r2 * (1 / 40320 + r2 * (-1 / 3628800)))))
-        q = (k - 4 * tl.floor(k * 0.25) + k2 - 4 * tl.floor(k2 * 0.25)).to(tl.int32)  # quadrant, 0..6:
-        swap = (q & 1) != 0                                                               # sin x = (sin r,
-        s = tl.where(swap, cr, sr)                                                        # cos r, -sin r,
-        c = tl.where(swap, sr, cr)                                                        # -cos r)[q mod 4]
+        q = k.to(tl.int32)  # quadrant: sin x = (sin r, cos r, -sin r, -cos r)[q mod 4]
+        swap = (q & 1) != 0
+        s = tl.where(swap, cr, sr)
+        c = tl.where(swap, sr, cr)
         s = tl.where((q & 2) != 0, -s, s)
         c = tl.where(((q + 1) & 2) != 0, -c, c)
     return s, c
 
 
-# A program's state tiles are [H, BLOCK_N] with the lanes on the fast axis, so one thread holds whole
-# lanes: rolling E by a row is a select with a constant mask and a sum, which folds away when
-# compiled (x + -0.0 is x exactly), and no layer moves data between threads. Memory is read and
+# A program's state tiles are [H, BLOCK_N] with the lanes on the fast axis. Rolling E by a row is
+# a select with a constant mask and a sum: where one thread holds whole lanes it folds away when
+# compiled (x + -0.0 is x exactly); where a lane's rows sit on several threads (the planner's
+# 8 lanes a warp) it is a shuffle within the warp, and those threads share out the lane's sines and
+# cosines, most of a step's instructions. Memory is read and
 # written through flat [H * BLOCK_N] vectors reshaped to tiles: a 2-D access with no contiguous
 # axis lets Triton pick a thread order that differs between versions, and re-laying the tiles out
 # through shared memory on every step. Helpers take whole steps, since under the interpreter every
@@ -82,12 +82,25 @@ def _load_rows(ptr, mask, like):
 
 
 @triton.jit
-def _rotate(E, O, ang_t, sal, mask, L: tl.constexpr):
-    """Apply one step's L brick-wall layers (angles at ang_t + l * sal): even layers turn (E_j, O_j),
+def _step_sincos(ang_t, sal, mask, like, L: tl.constexpr):
+    """The sines and cosines of one step's L layers of angles (at ang_t + l * sal), as two L-tuples
+    of tiles shaped like `like`: computed once per step, read by every pass over its layers."""
+    S = ()
+    C = ()
+    for l in tl.static_range(L):
+        s, c = _sincos(_load_rows(ang_t + l * sal, mask, like))
+        S = S + (s,)
+        C = C + (c,)
+    return S, C
+
+
+@triton.jit
+def _rotate(E, O, S, C, L: tl.constexpr):
+    """Apply one step's L brick-wall layers (sines S, cosines C): even layers turn (E_j, O_j),
     odd layers (O_j, E_{j+1})."""
     nxt, prv = _roll_masks(E.shape[0])
     for l in tl.static_range(L):
-        s, c = _sincos(_load_rows(ang_t + l * sal, mask, E))
+        s, c = S[l], C[l]
         if l % 2 == 0:
             E, O = c * E - s * O, s * E + c * O
         else:
@@ -98,7 +111,7 @@ def _rotate(E, O, ang_t, sal, mask, L: tl.constexpr):
 
 
 @triton.jit
-def _rotate_back(E, O, NE, NO, ang_t, sal, dang_t, mask, L: tl.constexpr):
+def _rotate_back(E, O, NE, NO, S, C, dang_t, mask, L: tl.constexpr):
     """Walk one step's layers backwards from its rotated state (E, O) and adjoint (NE, NO), storing
     the angle gradients at dang_t + l * H; returns the adjoint of the unrotated state.
 
@@ -109,7 +122,7 @@ def _rotate_back(E, O, NE, NO, ang_t, sal, dang_t, mask, L: tl.constexpr):
     nxt, prv = _roll_masks(H)
     for r in tl.static_range(L):
         l = L - 1 - r
-        s, c = _sincos(_load_rows(ang_t + l * sal, mask, E))
+        s, c = S[L - 1 - r], C[L - 1 - r]  # (a tuple takes constexpr indices only)
         if l % 2 == 0:
             p, q, a, b = E, O, NE, NO
         else:
@@ -179,7 +192,8 @@ def _rotation_fwd_kernel(ang, dec, u, h0, sc, h, LANES, N, T,
         uO = _load_rows(u_f + t * sut + suk, live, E)
         if HAS_SCALE:
             O = _load_rows(sc_f + t * sst, live, O) * O
-        E, O = _rotate(E, O, ang_f + t * sat, sal, live, L)
+        S, C = _step_sincos(ang_f + t * sat, sal, live, E, L)
+        E, O = _rotate(E, O, S, C, L)
         E = d * E + uE
         O = d * O + uO
         _store_pair(h_f + t * N * 2 * H, E, O, live)
@@ -222,8 +236,9 @@ def _rotation_bwd_kernel(g, ang, dec, h0, sc, h, dang, ddec, du, dh0, dsc, LANES
         if HAS_SCALE:
             s_t = _load_rows(sc_f + t * sst, live, ME)
             yO = s_t * yO
-        yE, yO = _rotate(yE, yO, ang_f + t * sat, sal, live, L)
-        ME, MO = _rotate_back(yE, yO, d * LE, d * LO, ang_f + t * sat, sal, dang_f + t * N * L * H, live, L)
+        S, C = _step_sincos(ang_f + t * sat, sal, live, ME, L)  # once for both passes over the layers
+        yE, yO = _rotate(yE, yO, S, C, L)
+        ME, MO = _rotate_back(yE, yO, d * LE, d * LO, S, C, dang_f + t * N * L * H, live, L)
         if HAS_SCALE:  # back through S_t: d scale = <adjoint of S_t h, odd part of h_{t-1}>
             tl.store(dsc_1 + t * N, tl.sum(MO * prev_O, axis=0).to(dsc.dtype.element_ty), mask=lane1 < LANES)
             MO = s_t * MO
