@@ -59,13 +59,12 @@ def _sincos(x):
 
 # A program's state tiles are [H, BLOCK_N] with the lanes on the fast axis. Rolling E by a row is
 # a select with a constant mask and a sum: where one thread holds whole lanes it folds away when
-# compiled (x + -0.0 is x exactly); where a lane's rows sit on several threads (the planner's
-# 8 lanes a warp) it is a shuffle within the warp, and those threads share out the lane's sines and
-# cosines, most of a step's instructions. Memory is read and
-# written through flat [H * BLOCK_N] vectors reshaped to tiles: a 2-D access with no contiguous
-# axis lets Triton pick a thread order that differs between versions, and re-laying the tiles out
-# through shared memory on every step. Helpers take whole steps, since under the interpreter every
-# nested jit call costs milliseconds.
+# compiled (x + -0.0 is x exactly); where a lane's rows sit on several threads (the planner's 8
+# lanes a warp) it is a shuffle within the warp, and those threads share out the lane's sines and
+# cosines, most of a step's instructions. Memory is read and written through flat [H * BLOCK_N]
+# vectors reshaped to tiles: a 2-D access with no contiguous axis lets Triton pick a thread order
+# that differs between versions, and re-laying the tiles out through shared memory on every step.
+# Helpers take whole steps, since under the interpreter every nested jit call costs milliseconds.
 
 @triton.jit
 def _roll_masks(H: tl.constexpr):
