@@ -515,15 +515,14 @@ def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
 
 def _precisions(x):
     """(PREC of the walks and the gradient kernel, PREC of the chunk-local solve and readouts) for
-    queries x of shape (B, T, H, d_k). Under the IEEE guard, on inputs the kernels multiply in float32
-    (float32, bfloat16, float16: all but float64) with d_k >= SPLIT_MIN_DK on an NVIDIA GPU with TF32
-    tensor cores (compute capability >= 8), the chunk-local kernels multiply in "tf32x3": each
-    operand split into a TF32 head and a TF32 tail, three tensor-core products summed, float32
-    accuracy (`bench.precision` measures the error and time of each choice); the
+    queries x of shape (B, T, H, d_k). Under the IEEE guard, float32 with d_k >= SPLIT_MIN_DK on an
+    NVIDIA GPU with TF32 tensor cores (compute capability >= 8), the chunk-local kernels multiply in
+    "tf32x3": each operand split into a TF32 head and a TF32 tail, three tensor-core products
+    summed, float32 accuracy (`bench.precision` measures the error and time of each choice); the
     walks and the gradient kernel keep IEEE dots (three products there measured slower than the
     FMA dots)."""
     prec = dot_precision()
-    if (SPLIT_LOCAL and prec == "ieee" and x.dtype != torch.float64 and x.shape[-1] >= SPLIT_MIN_DK and x.is_cuda
+    if (SPLIT_LOCAL and prec == "ieee" and x.dtype == torch.float32 and x.shape[-1] >= SPLIT_MIN_DK and x.is_cuda
             and _tensor_cores(x.device.index)):
         return prec, "tf32x3"
     return prec, prec
