@@ -1,8 +1,8 @@
 """The chunked delta rule in six kernels, three each way, that read the inputs in place: only
 the walk over the chunks is sequential (one program per batch row, head and WALK_BV columns of the
 state, which walk independently); every chunk's WY algebra runs in its own program, in BS x BS
-blocks of micro-steps, so that no chunk term (the M x M systems, the readout matrix, the chunk
-layout) is ever written to memory.
+blocks of micro-steps (READOUT_BS in the readouts), so that no chunk term (the M x M systems, the
+readout matrix, the chunk layout) is ever written to memory.
 
 Per chunk of C tokens and M = C nh micro-steps (see `mingru.delta` for the recurrence), with c the
 chunk-relative cumulative log decay (c_m that of micro-step m's token, c_end the chunk's total):
@@ -48,6 +48,11 @@ from mingru.kernels.common import (cdiv, check_envelope, dot_precision, is_wrap_
 from mingru.kernels.triangular import _unit_lower_inverse
 
 BS = 16     # micro-steps per block of the chunk's triangular system
+# micro-steps per block of the two readout kernels: in an H100 sweep (the rule with decay, GPU clock
+# per kernel, 4 heads at B16 T1024 d_k 64 and 16, B128 T64 d_k 16) 32 ran both readouts faster than BS
+# at every shape, while 32 and 64 ran the solve and the gradient kernel slower (so did 8 warps and
+# tf32x3 in the gradient kernel).
+READOUT_BS = 32
 MAX_D = 64  # d_k and d_v: the state and its cotangent live in registers
 WARPS = 4       # every kernel (8 measured slower for the chunk kernels on an H100)
 WALK_BV = 32    # state columns per program of the walks (the columns of S walk independently)
@@ -484,7 +489,7 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
                   HAS_H0=has_h0, RAW=raw, F64=f64, PREC=state)
     return dict(common=common, solve=_args(_solve_kernel, common, PREC=local, num_warps=WARPS),
                 walk=_args(_walk_kernel, common, num_warps=WARPS),
-                readout=_args(_readout_kernel, common, PREC=local, num_warps=WARPS))
+                readout=_args(_readout_kernel, common, BS=READOUT_BS, PREC=local, num_warps=WARPS))
 
 
 @planned
@@ -496,8 +501,8 @@ def _backward_plan(key, dq, dk, dv, dbeta, du):
     common.update(zip(("sdqb", "sdqt", "sdqh"), dq[:3]))
     for p, strides in (("sdk", dk), ("sdv", dv), ("sdb", dbeta), ("sdu", du)):
         common.update(zip((p + "b", p + "t", p + "j", p + "h"), strides[:4]))
-    return dict(common=common, readout=_args(_readout_back_kernel, common, PREC=forward["solve"]["PREC"],
-                                        num_warps=WARPS),
+    return dict(common=common, readout=_args(_readout_back_kernel, common, BS=READOUT_BS,
+                                             PREC=forward["solve"]["PREC"], num_warps=WARPS),
                 walk=_args(_walk_back_kernel, common, num_warps=WARPS),
                 gradient=_args(_gradient_kernel, common, num_warps=WARPS))
 
