@@ -114,13 +114,14 @@ def test_seed_bound_is_the_least_bytes_at_copy_bandwidth():
     assert seed.bound({"dtype": "float32", "direction": "fwd", "seed_gpu_us": None}, job, 1.0)["x_bound"] is None
 
 
-def test_seed_short_rows_name_a_goal_beyond_the_bound():
-    row = dict(op="matrix_affine_scan", dims="B1", dtype="float32", meets_goal=False)
-    rows = [dict(row, direction="fwd", x_bound=1.5), dict(row, direction="fwd+bwd", x_bound=2.5),
+def test_seed_short_rows_say_what_they_fall_short_of():
+    row = dict(op="matrix_affine_scan", dims="B1", dtype="float32", meets_goal=False, x_gpu=1.5, x_wall=1.2)
+    rows = [dict(row, direction="fwd", x_bound=1.6), dict(row, direction="fwd+bwd", x_bound=2.5, x_wall=0.9),
             dict(row, direction="fwd", dtype="bfloat16", x_bound=None), dict(row, direction="fwd", meets_goal=True)]
     short = seed.summarize(rows, {})["notes"][-1]
-    assert short.count("beyond a kernel at the copy rate") == 1 and "x_bound 1.50 < 2" in short
-    assert "B1 float32 fwd+bwd" in short and "B1 bfloat16 fwd" in short
+    assert "B1 float32 fwd [GPU 1.50x < 2 (2x needs 125 % of copy bandwidth)]" in short
+    assert "B1 float32 fwd+bwd [GPU 1.50x < 2 (2x needs 80 % of copy bandwidth); wall 0.90x < 1]" in short
+    assert "B1 bfloat16 fwd [GPU 1.50x < 2]" in short and short.count("matrix_affine_scan") == 3
 
 
 def test_missing_seed_means_not_measured(monkeypatch, tmp_path):

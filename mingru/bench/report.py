@@ -176,7 +176,7 @@ SEED_MIXER_COLUMNS = ["op", "dims", "ours_us", "seed_us", "x_wall", "ours_gpu_us
                       "ours_peak_mb", "seed_peak_mb", "meets", "short_of"]
 
 
-def _seed_reason(r):
+def seed_short_of(r):
     """Why a seed row misses its goal, or which side has no number."""
     if r.get("meets_goal") is None:
         bad = [f"{side}: {r.get(f'{side}_status')}" for side in ("ours", "seed") if r.get(f"{side}_status") != "ok"]
@@ -194,7 +194,7 @@ def _seed_reason(r):
 
 def seed_rows(data, mixers=False):
     """The seed file's op rows (or mixer rows), every one, with the verdict and what it falls short of."""
-    return [{**r, "meets": verdict(r.get("meets_goal")), "short_of": _seed_reason(r)}
+    return [{**r, "meets": verdict(r.get("meets_goal")), "short_of": seed_short_of(r)}
             for r in data["rows"] if (r.get("shape") == "mixer") == mixers]
 
 

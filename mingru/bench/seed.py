@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import mingru
-from mingru.bench import cases, places, progress, seed_runner, timing, warm
+from mingru.bench import cases, places, progress, report, seed_runner, timing, warm
 from mingru.bench.progress import Sweep
 
 NAME, SUBJECT = "seed", "op"
@@ -315,14 +315,8 @@ def alternate_wall(theirs, seed_got, mine, rounds):
 VERSION = {"seed": None}
 
 
-def _beyond(row):
-    """' (x_bound ...)' for a row whose goal no kernel streaming at the copy rate reaches, else ''."""
-    x = row.get("x_bound")
-    return f" (x_bound {x:.2f} < 2: beyond a kernel at the copy rate)" if x is not None and x < 2 else ""
-
-
 def summarize(rows, env):
-    short = [f"{r['op']} {r['dims']} {r['dtype']} {r['direction']}" + _beyond(r) for r in rows
+    short = [f"{r['op']} {r['dims']} {r['dtype']} {r['direction']} [{report.seed_short_of(r)}]" for r in rows
              if r.get("meets_goal") is False]
     return {
         "seed_version": VERSION["seed"],
