@@ -171,6 +171,24 @@ def test_fused_kernels_equal_recurrent(B, T, H, d_k, d_v, nh, chunk_size, gated,
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
 
 
+@interpreted
+def test_fused_backward_keeps_no_output_it_never_reads(triton_mode):
+    """The fused rule's backward never reads y or h_T, so neither is kept for it (y's memory can go once
+    the layer after it is done with it); a gradient through h_T alone (y's cotangent then zeros) stays
+    exact."""
+    inputs = _inputs(1, 11, 2, 5, 4, 2, True)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y, h = _call(delta_rule_chunked, chunk_size=4, across="fused")(*leaves)
+    assert kept and not any(t.data_ptr() in (y.data_ptr(), h.data_ptr()) for t in kept)
+    cot = torch.randn(h.shape, generator=torch.Generator().manual_seed(2), dtype=f64)
+    got = torch.autograd.grad(h, leaves, cot)
+    want = torch.autograd.grad(_call(delta_rule_recurrent)(*leaves)[1], leaves, cot, allow_unused=True)
+    for a, b, x in zip(got, want, leaves):  # q does not reach h_T: the recurrence leaves it out of its graph
+        torch.testing.assert_close(a, torch.zeros_like(x) if b is None else b, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("kwargs", [dict(nh=1, chunk_size=16), dict(nh=2, chunk_size=5, decay="learnable")],
                          ids=["deltanet", "deltaproduct-decay"])
 @interpreted

@@ -196,26 +196,33 @@ def cotangent(g, like):
     return torch.zeros_like(like) if g is None else g
 
 
-def _autograd(saved, optional, aux=0):
+def _autograd(saved, optional, aux=0, unread=()):
     """setup_context and grad for register_autograd: the backward launcher takes the inputs at
     indices `saved`, then every output, then one cotangent per output, and returns one gradient per
     input that is not a size. The inputs at indices `optional` may be None (an initial state, a
     scale) and get a gradient only when passed; a size (an int input) is saved as it is and gets
     none. The last `aux` outputs only carry the forward's work to the backward: their cotangents
-    are ignored and passed as empty tensors."""
+    are ignored and passed as empty tensors. The outputs at indices `unread` are not saved (the
+    backward never reads them, so their memory can go as soon as nothing else holds it): the
+    launcher gets a stand-in of their shape and dtype that owns no memory."""
     def setup_context(ctx, inputs, output):
+        output = output if isinstance(output, tuple) else (output,)
         ctx.sizes = [i for i, x in enumerate(inputs) if isinstance(x, int)]
         ctx.absent = [i for i in optional if inputs[i] is None]
         kept = [inputs[i] for i in saved]
         ctx.kept_sizes = {j: x for j, x in enumerate(kept) if isinstance(x, int)}
+        ctx.unread = {j: (output[j].shape, output[j].dtype, output[j].device) for j in unread}
         ctx.save_for_backward(*(None if j in ctx.kept_sizes else x for j, x in enumerate(kept)),
-                              *(output if isinstance(output, tuple) else (output,)))
+                              *(None if j in ctx.unread else o for j, o in enumerate(output)))
 
     def grad(ctx, backward, *g):
         tensors = list(ctx.saved_tensors)
         for j, x in ctx.kept_sizes.items():
             tensors[j] = x
-        outputs = tensors[len(tensors) - len(g):]
+        first = len(tensors) - len(g)
+        for j, (shape, dtype, device) in ctx.unread.items():
+            tensors[first + j] = torch.empty_strided(shape, [0] * len(shape), dtype=dtype, device=device)
+        outputs = tensors[first:]
         cots = [cotangent(gi, o) for gi, o in zip(g[:len(g) - aux], outputs)]
         cots += [o.new_empty(0) for o in outputs[len(g) - aux:]]
         grads = backward(*tensors, *cots)
@@ -226,20 +233,20 @@ def _autograd(saved, optional, aux=0):
     return setup_context, grad
 
 
-def scan_op(name, forward, backward, saved, optional=(), aux=0):
+def scan_op(name, forward, backward, saved, optional=(), aux=0, unread=()):
     """Register a kernel pair as the custom ops mingru::<name> and mingru::<name>_backward, and
     return the callable the entry points use.
 
     forward(*inputs) and backward(*inputs[saved], *outputs, *cotangents) are plain launchers with
-    type hints; the inputs at indices `optional` may be None, and the last `aux` outputs carry no
-    gradient (see `_autograd`). Under torch.compile
+    type hints; the inputs at indices `optional` may be None, the last `aux` outputs carry no
+    gradient, and the outputs at indices `unread` are not kept for the backward (see `_autograd`). Under torch.compile
     the callable is the registered triton_op, which the compiler traces without a graph break. In
     eager it is an autograd.Function over the same launchers: the custom-op dispatcher and
     wrap_triton's launch path (which the launchers use so that tracers see the kernels) both cost
     host time per call that can exceed the kernel's own at small shapes. Inference calls (no input
     requires grad, or grad mode off) skip the autograd.Function as well.
     """
-    setup_context, grad = _autograd(saved, optional, aux)
+    setup_context, grad = _autograd(saved, optional, aux, unread)
     ops = torch.ops.mingru
     triton_op(f"mingru::{name}", mutates_args=())(forward)
     triton_op(f"mingru::{name}_backward", mutates_args=())(backward)

@@ -616,9 +616,11 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
     return dq, dk, dv, dbeta, dg, dh0
 
 
-# y and the final state carry gradients; u, w and the chunk-start states only carry the forward's
-# work to the backward
-_delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=3)
+# y and the final state carry gradients but the backward never reads them (they are not kept: y's
+# memory goes once the layer after it is done with it); u, w and the chunk-start states only carry
+# the forward's work to the backward
+_delta_rule = scan_op("delta_rule", _forward, _backward, saved=(0, 1, 2, 3, 4, 5, 6), optional=(4, 5), aux=3,
+                      unread=(0, 1))
 
 
 # -- the rule on the layer's projection output (DeltaMinGRU's fused form) --
@@ -644,7 +646,7 @@ def _layer_backward(proj: torch.Tensor, log_gamma: Optional[torch.Tensor], h0: O
 
 
 _delta_layer = scan_op("delta_layer", _layer_forward, _layer_backward, saved=tuple(range(8)), optional=(1, 2),
-                       aux=3)
+                       aux=3, unread=(0, 1))
 
 
 def _check(x, others, dk, dv):
