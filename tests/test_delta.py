@@ -287,7 +287,8 @@ key = ((2, 100, 2, 3, 32), 32, 64, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) 
 forward, backward = fused._plan(*key), fused._backward_plan(key, (1,) * 3, (1,) * 4, (1,) * 4, (1,) * 4, (1,) * 4)
 for kernel, args in ((fused._solve_kernel, forward["solve"]), (fused._walk_kernel, forward["walk"]),
                      (fused._readout_kernel, forward["readout"]), (fused._readout_back_kernel, backward["readout"]),
-                     (fused._walk_back_kernel, backward["walk"]), (fused._gradient_kernel, backward["gradient"])):
+                     (fused._walk_back_kernel, backward["walk"]), (fused._dr_kernel, backward["dr"]),
+                     (fused._gradient_kernel, backward["gradient"]), (fused._decay_gradient_kernel, backward["decay"])):
     params = list(inspect.signature(kernel.fn).parameters)
     constexprs = {name: args[name] for name in params if name in args and kernel.params[params.index(name)].is_constexpr}
     signature = {name: "constexpr" if name in constexprs else "i32" if name in args else "*fp32" for name in params}
@@ -299,7 +300,7 @@ print("compiled")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles and runs them (test_gpu.py)")
 def test_fused_kernels_compile_for_a_gpu_without_one():
-    """The interpreter runs the kernels' Python, not Triton's compiler: compile all six for sm_90 in a
+    """The interpreter runs the kernels' Python, not Triton's compiler: compile all eight for sm_90 in a
     process without TRITON_INTERPRET (frontend, lowering and ptxas; no device needed), with every
     switch on, at d_k = d_v = 32."""
     pytest.importorskip("triton")

@@ -1,6 +1,7 @@
-"""The chunked delta rule in six kernels, three each way, that read the inputs in place: only
-the walk over the chunks is sequential (one program per batch row, head and WALK_BV columns of the
-state, which walk independently); every chunk's WY algebra runs in its own program, in BS x BS
+"""The chunked delta rule in kernels that read the inputs in place, three forward and four or five
+backward: only the walk over the chunks is sequential (one program per batch row, head and WALK_BV
+columns of the state, which walk independently); every chunk's WY algebra runs in its own program
+(the gradients: in one program per block of micro-steps of every chunk), in BS x BS
 blocks of micro-steps (READOUT_BS in the readouts), so that no chunk term (the M x M systems, the
 readout matrix, the chunk layout) is ever written to memory.
 
@@ -24,9 +25,12 @@ Backward: `_readout_back_kernel` (every chunk) forms read^T dy and (diag(e^c) Q)
 `_walk_back_kernel` walks the state's cotangent from the last chunk,
     du = read^T dy + Kc dS',  dS = e^{c_end} dS' + (diag(e^c) Q)^T dy - w^T du
 (w^T = (diag(e^c) K)^T T^{-T}, so the walk needs no solve), keeping each chunk's du and dS';
-`_gradient_kernel` (every chunk) solves dr = T^{-T} du by blocks from the last (dv = dr), then forms
-the gradients of k, q, beta and log gamma from dL = -tril(dr u^T, -1) and dread = dy u^T (masked to
-token(l) <= t), a block's row pairs and column pairs recomputed where it needs them. Every product
+`_dr_kernel` (every chunk) solves dr = T^{-T} du by blocks from the last (dv = dr);
+`_gradient_kernel` (every block of micro-steps of every chunk: the chunk's work spread over NB
+programs) forms the block's gradients of k, q and beta from
+dL = -tril(dr u^T, -1) and dread = dy u^T (masked to token(l) <= t), its row pairs and column pairs
+recomputed where it needs them, and with decay its share of dlog gamma, which
+`_decay_gradient_kernel` sums over the chunk's blocks. Every product
 is a tl.dot at float32 accuracy (`_precisions`); the tiles need d_k, d_v <= MAX_D.
 
 Two ops share the kernels: `delta_rule` takes q, k, v, beta as given (`delta_rule_chunked`'s fused
@@ -350,32 +354,20 @@ def _walk_back_kernel(K, BETA, G, W, DHT, DU0, E, DU, DS, DH0,
 
 
 @triton.jit
-def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DU, DS, DQ, DKK, DVO, DB, DG,
-                     sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
-                     sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
-                     sdub, sdut, sduj, sduh,
-                     H, T, C, NH, N, DK, DV,
-                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
-                     DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
-    """The gradients of chunk program_id(0), one (batch row, head) program_id(1), from the walk
-    back's du (DU, strides sdu*; it may be DVO) and dS' (DS[n]): dr = T^{-T} du by blocks from the
-    last, into DVO (dv = dr; the earlier blocks read it back), then DQ, DKK, DB with their own strides (sd*) and DG contiguous (B, T, H)."""
+def _dr_kernel(K, BETA, G, DU, DVO,
+               skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh, sdvb, sdvt, sdvj, sdvh, sdub, sdut, sduj, sduh,
+               H, T, C, NH, DK, DV,
+               BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
+               DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """dr = T^{-T} du of chunk program_id(0), one (batch row, head) program_id(1), by blocks from the
+    last: dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i), from the walk back's du (DU, strides sdu*; it
+    may be DVO) into DVO (dv = dr), which the earlier blocks read back."""
     n, pid = tl.program_id(0), tl.program_id(1)
     b, h = (pid // H).to(tl.int64), pid % H
-    q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
-    su_t, su_j = NH * H * DV, H * DV                     # u: (B, T, nh, H, DV) contiguous
-    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
-    dq_off, dk_off, dv_off = b * sdqb + h * sdqh, b * sdkb + h * sdkh, b * sdvb + h * sdvh
-    db_off, dg_off = b * sdbb + h * sdbh, b * T * H + h   # dlog gamma: (B, T, H) contiguous
-    ptrs, smask = _state_ptrs(S0, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
-    S = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
-    ptrs, _ = _state_ptrs(DS, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
-    dS = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    k_off, beta_off, g_off = b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    dv_off = b * sdvb + h * sdvh
     NB = tl.cdiv(C * NH, BS)
-    s = tl.arange(0, CP)
     g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
-    c_end = tl.sum(g, 0)
-    # dr_j = D_j^T (du_j - sum_{i>j} L_ij^T dr_i)
     for rb in range(NB):
         j = NB - 1 - rb
         m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
@@ -393,77 +385,117 @@ def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DU, DS, DQ, DKK, DVO, DB, DG,
         dr = _dot(tl.trans(_diagonal_inverse(K_j, b_j, c_j, m_j, BS, PREC)), du, PREC)
         _put_rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, dr, BDV)
         tl.debug_barrier()  # the earlier blocks read dr back
-    dct = tl.zeros([CP], tl.float64 if F64 else tl.float32)  # d c per token of the chunk
-    dce = tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)     # d c_end
-    # k, beta and q, a block of micro-steps j at a time: its rows and columns of dL = -(dr u^T)
-    # e^{c_i - c_l} (l < i) and of dread = dy u^T e^{c_t - c_l} (token(l) <= t, queries at micro-steps)
-    for j in range(NB):
-        m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
-        K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
-        b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
-        c_j = _cum(g, tok_j, CP)
-        Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
-        dy_j = _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64)
-        U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
-        dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
-        dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
-        dq = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
-        db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
-        dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
-        for l in range(j + 1):  # rows j: the pairs with the blocks l <= j
-            m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
-            Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
-                _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
-            U_l = tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64))
-            c_l = _cum(g, tok_l, CP)
-            A = _decayed(-_dot(dr_j, U_l, PREC), m_j[:, None] > m_l[None, :], c_j, c_l)
-            R = _decayed(_dot(dy_j, U_l, PREC), tok_l[None, :] <= tok_j[:, None], c_j, c_l)
-            dk += _dot(A, Kb_l, PREC)
-            dq += _dot(R, Kb_l, PREC)
-            if DECAY:
-                dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1) + tl.sum(R * _dot(Q_j, tl.trans(Kb_l), PREC), 1)
-        for i in range(j, NB):  # columns j: the pairs with the blocks i >= j
-            m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
-            K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
-            Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
-            c_i = _cum(g, tok_i, CP)
-            A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
-                               PREC), m_i[:, None] > m_j[None, :], c_i, c_j)
-            R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), tl.trans(U_j),
-                              PREC), tok_j[None, :] <= tok_i[:, None], c_i, c_j)
-            dk += b_j[:, None] * (_dot(tl.trans(A), K_i, PREC) + _dot(tl.trans(R), Q_i, PREC))
-            col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0) + tl.sum(R * _dot(Q_i, tl.trans(K_j), PREC), 0)
-            db += col
-            dc -= b_j * col
-        e = tl.exp(c_j)
-        dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
-        dk += e[:, None] * dKh
-        dQh = _dot(dy_j, tl.trans(S), PREC)               # through e^{c} q in the readout
-        dq += e[:, None] * dQh
-        dc += e * (tl.sum(dKh * K_j, 1) + tl.sum(dQh * Q_j, 1))
-        w = tl.exp(c_end - c_j)
-        dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
-        x = tl.sum(dKc * K_j, 1)
-        dk += (b_j * w)[:, None] * dKc
-        db += w * x
-        dc -= b_j * w * x
-        dce += tl.sum(b_j * w * x, 0)
-        if RAW:  # back through k = normalize(k_raw) and beta = 2 sigmoid(beta_raw)
-            raw = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
-            norm = tl.sqrt(tl.sum(raw * raw, 1))
-            radial = tl.where(norm > NORM_EPS, tl.sum(K_j * dk, 1), 0.0)
-            dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
-            db = db * b_j * (1.0 - 0.5 * b_j)
-        _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
-        _put_rows(DQ, dq_off, sdqt, 0, t_j, m_j * 0, live_q, DK, dq, BDK)
-        tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty),
-                 mask=live_j)
+
+
+@triton.jit
+def _gradient_kernel(Q, K, BETA, G, U, S0, DY, DS, DQ, DKK, DVO, DB, DGB,
+                     sqb, sqt, sqh, skb, skt, skj, skh, sbb, sbt, sbj, sbh, sgb, sgt, sgh,
+                     sdqb, sdqt, sdqh, sdkb, sdkt, sdkj, sdkh, sdvb, sdvt, sdvj, sdvh, sdbb, sdbt, sdbj, sdbh,
+                     H, T, C, NH, N, DK, DV,
+                     BDK: tl.constexpr, BDV: tl.constexpr, CP: tl.constexpr, BS: tl.constexpr,
+                     DECAY: tl.constexpr, RAW: tl.constexpr, F64: tl.constexpr, PREC: tl.constexpr):
+    """The gradients of block program_id(0) % NB of micro-steps of chunk program_id(0) // NB, one
+    (batch row, head) program_id(1), from dr (DVO, `_dr_kernel`) and dS' (DS[n]): its rows of DQ, DKK,
+    DB (own strides sd*) from its rows and columns of dL = -(dr u^T) e^{c_i - c_l} (l < i) and of
+    dread = dy u^T e^{c_t - c_l} (token(l) <= t, queries at micro-steps). With DECAY, the block's share
+    of dlog gamma over the chunk's CP tokens goes to DGB[(pid, n, block)] (`_decay_gradient_kernel`
+    sums the shares); the block 0 adds the share of the chunk-start state."""
+    nj, pid = tl.program_id(0), tl.program_id(1)
+    NB = tl.cdiv(C * NH, BS)
+    n, j = nj // NB, nj % NB
+    b, h = (pid // H).to(tl.int64), pid % H
+    q_off, k_off, beta_off, g_off = b * sqb + h * sqh, b * skb + h * skh, b * sbb + h * sbh, b * sgb + h * sgh
+    su_t, su_j = NH * H * DV, H * DV                     # u: (B, T, nh, H, DV) contiguous
+    u_off, y_off = b * T * su_t + h * DV, b * T * H * DV + h * DV
+    dq_off, dk_off, dv_off = b * sdqb + h * sdqh, b * sdkb + h * sdkh, b * sdvb + h * sdvh
+    db_off = b * sdbb + h * sdbh
+    ptrs, smask = _state_ptrs(S0, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    S = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    ptrs, _ = _state_ptrs(DS, (pid.to(tl.int64) * N + n) * DK * DV, DK, DV, BDK, BDV)
+    dS = tl.load(ptrs, mask=smask, other=0.0).to(tl.float64 if F64 else tl.float32)
+    s = tl.arange(0, CP)
+    g = _chunk_decay(G, g_off, sgt, n, C, T, CP, F64, DECAY)
+    c_end = tl.sum(g, 0)
+    m_j, tok_j, t_j, live_j = _micro(n, j, C, NH, T, BS)
+    K_j = _keys(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64, RAW)
+    b_j = _betas(BETA, beta_off, sbt, sbj, t_j, m_j % NH, live_j, F64, RAW)
+    c_j = _cum(g, tok_j, CP)
+    Q_j, live_q = _queries(Q, q_off, sqt, t_j, m_j, live_j, NH, DK, BDK, F64)
+    dy_j = _rows(DY, y_off, H * DV, 0, t_j, m_j * 0, live_q, DV, BDV, F64)
+    U_j = _rows(U, u_off, su_t, su_j, t_j, m_j % NH, live_j, DV, BDV, F64)
+    dr_j = _rows(DVO, dv_off, sdvt, sdvj, t_j, m_j % NH, live_j, DV, BDV, F64)
+    dk = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+    dq = tl.zeros([BS, BDK], tl.float64 if F64 else tl.float32)
+    db = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+    dc = tl.zeros([BS], tl.float64 if F64 else tl.float32)
+    for l in range(j + 1):  # rows j: the pairs with the blocks l <= j
+        m_l, tok_l, t_l, live_l = _micro(n, l, C, NH, T, BS)
+        Kb_l = _keys(K, k_off, skt, skj, t_l, m_l % NH, live_l, DK, BDK, F64, RAW) * \
+            _betas(BETA, beta_off, sbt, sbj, t_l, m_l % NH, live_l, F64, RAW)[:, None]
+        U_l = tl.trans(_rows(U, u_off, su_t, su_j, t_l, m_l % NH, live_l, DV, BDV, F64))
+        c_l = _cum(g, tok_l, CP)
+        A = _decayed(-_dot(dr_j, U_l, PREC), m_j[:, None] > m_l[None, :], c_j, c_l)
+        R = _decayed(_dot(dy_j, U_l, PREC), tok_l[None, :] <= tok_j[:, None], c_j, c_l)
+        dk += _dot(A, Kb_l, PREC)
+        dq += _dot(R, Kb_l, PREC)
         if DECAY:
-            dct += tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)
+            dc += tl.sum(A * _dot(K_j, tl.trans(Kb_l), PREC), 1) + tl.sum(R * _dot(Q_j, tl.trans(Kb_l), PREC), 1)
+    for i in range(j, NB):  # columns j: the pairs with the blocks i >= j
+        m_i, tok_i, t_i, live_i = _micro(n, i, C, NH, T, BS)
+        K_i = _keys(K, k_off, skt, skj, t_i, m_i % NH, live_i, DK, BDK, F64, RAW)
+        Q_i, live_qi = _queries(Q, q_off, sqt, t_i, m_i, live_i, NH, DK, BDK, F64)
+        c_i = _cum(g, tok_i, CP)
+        A = _decayed(-_dot(_rows(DVO, dv_off, sdvt, sdvj, t_i, m_i % NH, live_i, DV, BDV, F64), tl.trans(U_j),
+                           PREC), m_i[:, None] > m_j[None, :], c_i, c_j)
+        R = _decayed(_dot(_rows(DY, y_off, H * DV, 0, t_i, m_i * 0, live_qi, DV, BDV, F64), tl.trans(U_j),
+                          PREC), tok_j[None, :] <= tok_i[:, None], c_i, c_j)
+        dk += b_j[:, None] * (_dot(tl.trans(A), K_i, PREC) + _dot(tl.trans(R), Q_i, PREC))
+        col = tl.sum(A * _dot(K_i, tl.trans(K_j), PREC), 0) + tl.sum(R * _dot(Q_i, tl.trans(K_j), PREC), 0)
+        db += col
+        dc -= b_j * col
+    e = tl.exp(c_j)
+    dKh = -_dot(dr_j, tl.trans(S), PREC)              # through e^{c} k in the solve's right side
+    dk += e[:, None] * dKh
+    dQh = _dot(dy_j, tl.trans(S), PREC)               # through e^{c} q in the readout
+    dq += e[:, None] * dQh
+    dc += e * (tl.sum(dKh * K_j, 1) + tl.sum(dQh * Q_j, 1))
+    w = tl.exp(c_end - c_j)
+    dKc = _dot(U_j, tl.trans(dS), PREC)               # through beta e^{c_end - c} k in S'
+    x = tl.sum(dKc * K_j, 1)
+    dk += (b_j * w)[:, None] * dKc
+    db += w * x
+    dc -= b_j * w * x
+    if RAW:  # back through k = normalize(k_raw) and beta = 2 sigmoid(beta_raw)
+        raw = _rows(K, k_off, skt, skj, t_j, m_j % NH, live_j, DK, BDK, F64)
+        norm = tl.sqrt(tl.sum(raw * raw, 1))
+        radial = tl.where(norm > NORM_EPS, tl.sum(K_j * dk, 1), 0.0)
+        dk = (dk - K_j * radial[:, None]) / tl.maximum(norm, NORM_EPS)[:, None]
+        db = db * b_j * (1.0 - 0.5 * b_j)
+    _put_rows(DKK, dk_off, sdkt, sdkj, t_j, m_j % NH, live_j, DK, dk, BDK)
+    _put_rows(DQ, dq_off, sdqt, 0, t_j, m_j * 0, live_q, DK, dq, BDK)
+    tl.store(DB + db_off + t_j.to(tl.int64) * sdbt + (m_j % NH) * sdbj, db.to(DB.dtype.element_ty), mask=live_j)
     if DECAY:  # c_t sums log gamma over the chunk's tokens <= t; c_end over all of them
+        dce = tl.sum(b_j * w * x, 0)
+        if j == 0:
+            dce += tl.sum(tl.sum(S * dS, 1), 0) * tl.exp(c_end)
+        dct = tl.sum(tl.where(tok_j[:, None] == s[None, :], dc[:, None], 0.0), 0)  # d c per token
         dg = tl.sum(tl.where(s[:, None] <= s[None, :], dct[None, :], 0.0), 1) + dce
-        tl.store(DG + dg_off + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
-                 mask=(s < C) & (n * C + s < T))
+        tl.store(DGB + ((pid.to(tl.int64) * N + n) * NB + j) * CP + s, dg)
+
+
+@triton.jit
+def _decay_gradient_kernel(DGB, DG, H, T, C, NH, N, CP: tl.constexpr, BS: tl.constexpr):
+    """dlog gamma (DG, (B, T, H) contiguous) of chunk program_id(0), one (batch row, head)
+    program_id(1): the sum of its blocks' shares (`_gradient_kernel`)."""
+    n, pid = tl.program_id(0), tl.program_id(1)
+    b, h = (pid // H).to(tl.int64), pid % H
+    NB = tl.cdiv(C * NH, BS)
+    s = tl.arange(0, CP)
+    dg = tl.zeros([CP], DGB.dtype.element_ty)
+    for j in range(NB):
+        dg += tl.load(DGB + ((pid.to(tl.int64) * N + n) * NB + j) * CP + s)
+    tl.store(DG + b * T * H + h + (n * C + s).to(tl.int64) * H, dg.to(DG.dtype.element_ty),
+             mask=(s < C) & (n * C + s < T))
 
 
 # ---- launches ------------------------------------------------------------------------------
@@ -504,7 +536,10 @@ def _backward_plan(key, dq, dk, dv, dbeta, du):
     return dict(common=common, readout=_args(_readout_back_kernel, common, BS=READOUT_BS,
                                              PREC=forward["solve"]["PREC"], num_warps=WARPS),
                 walk=_args(_walk_back_kernel, common, num_warps=WARPS),
-                gradient=_args(_gradient_kernel, common, num_warps=WARPS))
+                dr=_args(_dr_kernel, common, num_warps=WARPS),
+                gradient=_args(_gradient_kernel, common, num_warps=WARPS),
+                decay=_args(_decay_gradient_kernel, common, num_warps=WARPS),
+                blocks=cdiv(common["C"] * common["NH"], BS))
 
 
 def _rows_last(x):
@@ -584,8 +619,13 @@ def _run_backward(q, k, v, beta, log_gamma, h0, chunk_size, raw, u, w, starts, d
     launch(_readout_back_kernel, (N, B * H), plan["readout"], Q=q, K=k, BETA=beta, G=G, DY=dy, DU0=du0, E=e)
     launch(_walk_back_kernel, (B * H, cdiv(v.shape[-1], BV)), plan["walk"], K=k, BETA=beta, G=G, W=w,
            DHT=dhT.contiguous(), DU0=du0, E=e, DU=du, DS=ds, DH0=dh0 if h0 is not None else q)
-    launch(_gradient_kernel, (N, B * H), plan["gradient"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, DY=dy, DU=du,
-           DS=ds, DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DG=dg)
+    launch(_dr_kernel, (N, B * H), plan["dr"], K=k, BETA=beta, G=G, DU=du, DVO=dv)
+    NB = plan["blocks"]
+    dgb = q.new_empty(B * H * N * NB * plan["common"]["CP"]) if log_gamma is not None else q.new_empty(0)
+    launch(_gradient_kernel, (N * NB, B * H), plan["gradient"], Q=q, K=k, BETA=beta, G=G, U=u, S0=starts, DY=dy,
+           DS=ds, DQ=dq, DKK=dk, DVO=dv, DB=dbeta, DGB=dgb)
+    if log_gamma is not None:
+        launch(_decay_gradient_kernel, (N, B * H), plan["decay"], DGB=dgb, DG=dg)
     return dg, dh0
 
 
