@@ -44,7 +44,7 @@ ROTATION_STATE = "without decay a rotation state does not damp any step's roundi
 ROTATION_MIXERS = ("RotationMinGRU", "GivensMinGRU[fused]", "GivensMinGRU[generic]")
 WARM = {"seconds": 0.0}  # time the compile pool spent before the sweep (0: no pool)
 # DeltaMinGRU has parity rows only: its kernels (the chunks' triangular solves and inverses, the wide
-# matrix_recurrence that chains them; the fused form's six kernels) are not scans of their own in the
+# matrix_recurrence that chains them; the fused form's kernels) are not scans of their own in the
 # speed tables
 MIXERS = cases.MIXERS + ("DeltaMinGRU[chunked]", "DeltaMinGRU[fused]")
 FAMILY = {"parallel_scan_log": "log", "gated_recurrence": "log", "rotation_recurrence": "rotation", "MinGRU": "log",
@@ -123,7 +123,7 @@ def grid(quick):
         # one chunk (carried: the triangular inverse kernel against eager solves), T = 300 five
         for T, d in ((33, 128), (300, 32), (300, 128)):
             yield "DeltaMinGRU[chunked]", dict(B=2, T=T, d=d), dtype
-        # the fused form (six kernels for the whole rule): one chunk, and five with d_k = 8 and 32
+        # the fused form (its kernels run the whole rule): one chunk, and five with d_k = 8 and 32
         for T, d in ((33, 128), (300, 32), (300, 128)):
             yield "DeltaMinGRU[fused]", dict(B=2, T=T, d=d), dtype
 

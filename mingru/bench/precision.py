@@ -153,7 +153,7 @@ def summarize(rows, env):
              f"{DELTA} rows: the fused delta rule (delta_rule_chunked(..., across='fused')) at B, T, heads, "
              f"d_k = d_v = {', '.join(map(str, dB))}, nh = 1, with decay and an initial state, against the float64 "
              "sequential rule; err_grad over the gradients of q, k, v, beta, log gamma and h_0; variants: ieee = "
-             "every dot IEEE; tf32x3 = as shipped (the walks and the gradient kernel IEEE, the chunks' solve and "
+             "every dot IEEE; tf32x3 = as shipped (the walks and the gradient kernels IEEE, the chunks' solve and "
              "readouts tf32x3 on GPUs with TF32 tensor cores); tf32 = inside allow_tf32_dots(); eager = the "
              "default chunked form in float32; fwd_bwd_gpu_us: forward and backward, GPU clock; passes_gate: "
              f"err_out <= {GATE:g} max(1, max_abs_out)"]

@@ -512,7 +512,7 @@ def _plan(shape, dv, C, q, k, v, beta, g, f64, decay, has_h0, raw, prec):
     H, d_k), chunks of C tokens; q, k, v, beta, g: the strides of the inputs (g None without decay)."""
     B, T, nh, H, dk = shape
     bdk, bdv = max(16, next_pow2(dk)), max(16, next_pow2(dv))
-    state, local = prec  # the walks' and the gradient kernel's, the chunk-local kernels' (`_precisions`)
+    state, local = prec  # the walks' and the gradient kernels', the chunk-local kernels' (`_precisions`)
     common = dict(sqb=q[0], sqt=q[1], sqh=q[2], skb=k[0], skt=k[1], skj=k[2], skh=k[3],
                   svb=v[0], svt=v[1], svj=v[2], svh=v[3], sbb=beta[0], sbt=beta[1], sbj=beta[2], sbh=beta[3],
                   **dict(zip(("sgb", "sgt", "sgh"), g or (0, 0, 0))),
@@ -554,12 +554,12 @@ def _key(q, k, v, beta, log_gamma, h0, chunk_size, raw):
 
 
 def _precisions(x):
-    """(PREC of the walks and the gradient kernel, PREC of the chunk-local solve and readouts) for
+    """(PREC of the walks and the gradient kernels, PREC of the chunk-local solve and readouts) for
     queries x of shape (B, T, H, d_k). Under the IEEE guard, float32 with d_k >= SPLIT_MIN_DK on an
     NVIDIA GPU with TF32 tensor cores (compute capability >= 8), the chunk-local kernels multiply in
     "tf32x3": each operand split into a TF32 head and a TF32 tail, three tensor-core products
     summed, float32 accuracy (`bench.precision` measures the error and time of each choice); the
-    walks and the gradient kernel keep IEEE dots (three products there measured slower than the
+    walks and the gradient kernels keep IEEE dots (three products there measured slower than the
     FMA dots)."""
     prec = dot_precision()
     if (SPLIT_LOCAL and prec == "ieee" and x.dtype == torch.float32 and x.shape[-1] >= SPLIT_MIN_DK and x.is_cuda
