@@ -8,6 +8,10 @@ NB ?=
 ARGS ?=  # e.g. ARGS="--deadline 540": a hard time limit for `make reproduce`; "--budget-scale 4": larger budgets
 PYTEST := $(PYTHON) -m pytest
 NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+# Without a GPU the tests spread over the CPU's cores (pytest-xdist, one test file or notebook per
+# worker at a time, so a notebook's cells run in order in one kernel); with one they run in one process.
+XDIST = $(shell if ! nvidia-smi -L >/dev/null 2>&1 && $(PYTHON) -c "import xdist" 2>/dev/null; then \
+	echo "-n auto --dist loadfile"; fi)
 
 .PHONY: help setup peers test unit nbval bench reproduce lab wheelhouse clean
 
@@ -29,13 +33,13 @@ peers:  ## unpack the measured competitors into .peers/<name>, one folder each (
 	@PYTHON=$(PYTHON) bash tools/peers.sh .peers
 
 test:  ## unit + interpreter-kernel tests, the bench smoke run, and nbval over the notebooks
-	$(PYTEST) tests notebooks $(NBVAL)
+	$(PYTEST) $(XDIST) tests notebooks $(NBVAL)
 
 unit:  ## only tests/ (no notebooks)
-	$(PYTEST) tests
+	$(PYTEST) $(XDIST) tests
 
 nbval:  ## only the notebooks, re-executed on this machine and compared (lax)
-	$(PYTEST) notebooks $(NBVAL)
+	$(PYTEST) $(XDIST) notebooks $(NBVAL)
 
 bench:  ## on a GPU: regenerate every results/*.json, *.md and figure (no notebooks)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m mingru.bench all
