@@ -239,12 +239,12 @@ def scan_op(name, forward, backward, saved, optional=(), aux=0, unread=()):
 
     forward(*inputs) and backward(*inputs[saved], *outputs, *cotangents) are plain launchers with
     type hints; the inputs at indices `optional` may be None, the last `aux` outputs carry no
-    gradient, and the outputs at indices `unread` are not kept for the backward (see `_autograd`). Under torch.compile
-    the callable is the registered triton_op, which the compiler traces without a graph break. In
-    eager it is an autograd.Function over the same launchers: the custom-op dispatcher and
-    wrap_triton's launch path (which the launchers use so that tracers see the kernels) both cost
-    host time per call that can exceed the kernel's own at small shapes. Inference calls (no input
-    requires grad, or grad mode off) skip the autograd.Function as well.
+    gradient, and the outputs at indices `unread` are not kept for the backward (see `_autograd`).
+    Under torch.compile the callable is the registered triton_op, which the compiler traces without
+    a graph break. In eager it is an autograd.Function over the same launchers: the custom-op
+    dispatcher and wrap_triton's launch path (which the launchers use so that tracers see the
+    kernels) both cost host time per call that can exceed the kernel's own at small shapes.
+    Inference calls (no input requires grad, or grad mode off) skip the autograd.Function as well.
     """
     setup_context, grad = _autograd(saved, optional, aux, unread)
     ops = torch.ops.mingru
