@@ -8,10 +8,11 @@ NB ?=
 ARGS ?=  # e.g. ARGS="--deadline 540": a hard time limit for `make reproduce`; "--budget-scale 4": larger budgets
 PYTEST := $(PYTHON) -m pytest
 NBVAL := --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+# "yes" on a machine with an NVIDIA GPU, else empty (expanded only by the targets that ask)
+HAS_GPU = $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 # Without a GPU the tests spread over the CPU's cores (pytest-xdist, one test file or notebook per
 # worker at a time, so a notebook's cells run in order in one kernel); with one they run in one process.
-XDIST = $(shell if ! nvidia-smi -L >/dev/null 2>&1 && $(PYTHON) -c "import xdist" 2>/dev/null; then \
-	echo "-n auto --dist loadfile"; fi)
+XDIST = $(if $(HAS_GPU),,$(shell $(PYTHON) -c "import xdist" 2>/dev/null && echo "-n auto --dist loadfile"))
 
 .PHONY: help setup peers test unit nbval bench reproduce lab wheelhouse clean
 
@@ -20,7 +21,7 @@ help:  ## list the targets
 
 setup:  ## create .venv with the package, test and notebook dependencies (CPU torch without a GPU)
 	python3 -m venv $(VENV)
-	@if nvidia-smi -L >/dev/null 2>&1; then \
+	@if [ -n "$(HAS_GPU)" ]; then \
 		$(VENV)/bin/pip install -q -e ".[dev]"; \
 	else \
 		$(VENV)/bin/pip install -q $(CPU_PINS) && $(VENV)/bin/pip install -q -e ".[dev]"; \
